@@ -1,0 +1,1 @@
+"""Backends: each turns a pending sub-graph into realised buffers."""

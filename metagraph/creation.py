@@ -1,0 +1,146 @@
+"""Tensor creation: from data, constants, ranges and random numbers."""
+import math
+
+import numpy as np
+
+from metagraph import dtypes
+from metagraph.errors import DTypeError, ShapeError, fail
+from metagraph.ops import math as m
+from metagraph.ops.node import Node
+from metagraph.ops.table import apply
+from metagraph.random import generator
+from metagraph.tensor import Tensor
+
+
+def _size(size):
+    size = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else tuple(size)
+    if any(not isinstance(s, (int, np.integer)) or s < 0 for s in size):
+        fail(ShapeError, "creation", f"size must be non-negative integers, got {size}")
+    return tuple(int(s) for s in size)
+
+
+def from_numpy_array(array, dtype=None, requires_grad=False):
+    """A realised tensor holding a copy of `array`."""
+    dtype = dtypes.as_dtype(dtype) or dtypes.as_dtype(array.dtype)
+    buffer = np.array(array, dtype=dtype.np, order="C", copy=True)
+    tensor = Tensor(Node("buffer", (), {}, buffer.shape, dtype, requires_grad=False, buffer=buffer))
+    return tensor.requires_grad_() if requires_grad else tensor
+
+
+def tensor(data, dtype=None, requires_grad=False):
+    """A tensor holding a copy of data (nested lists, scalars, numpy arrays or a Tensor)."""
+    if isinstance(data, Tensor):
+        array = data.numpy()
+    elif isinstance(data, np.ndarray):
+        array = data
+    else:
+        array = np.array(data)
+        if array.dtype == np.float64:
+            array = array.astype(dtypes.default_float.np)   # Python floats default to float32
+        elif array.dtype.kind == "O" or array.dtype.kind in "USV":
+            raise DTypeError(f"tensor(): cannot make a tensor from {type(data).__name__} data")
+    if array.dtype.kind not in "biuf":
+        raise DTypeError(f"tensor(): unsupported element type {array.dtype}")
+    return from_numpy_array(array, dtype, requires_grad)
+
+
+def full(size, fill_value, dtype=None, requires_grad=False):
+    dtype = dtypes.as_dtype(dtype) or dtypes.scalar_dtype(fill_value)
+    result = Tensor(m.const(fill_value, _size((size,) if isinstance(size, int) else size), dtype))
+    return result.requires_grad_() if requires_grad else result
+
+
+def zeros(*size, dtype=None, requires_grad=False):
+    return full(_size(size), 0, dtypes.as_dtype(dtype) or dtypes.default_float, requires_grad)
+
+
+def ones(*size, dtype=None, requires_grad=False):
+    return full(_size(size), 1, dtypes.as_dtype(dtype) or dtypes.default_float, requires_grad)
+
+
+empty = zeros
+
+
+def zeros_like(x, dtype=None, requires_grad=False):
+    return full(x.shape, 0, dtype or x.dtype, requires_grad)
+
+
+def ones_like(x, dtype=None, requires_grad=False):
+    return full(x.shape, 1, dtype or x.dtype, requires_grad)
+
+
+def full_like(x, fill_value, dtype=None, requires_grad=False):
+    return full(x.shape, fill_value, dtype or x.dtype, requires_grad)
+
+
+def arange(start, end=None, step=1, dtype=None, requires_grad=False):
+    """Values from start (inclusive) to end (exclusive) by step."""
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        fail(ValueError, "arange", "step must be nonzero")
+    count = max(math.ceil((end - start) / step), 0)
+    if dtype is None:
+        dtype = dtypes.default_float if any(isinstance(v, float) for v in (start, end, step)) \
+            else dtypes.default_int
+    dtype = dtypes.as_dtype(dtype)
+    position = apply("index", shape=(count,), axis=0, dtype=dtypes.int64)
+    values = m.cast(position, dtypes.float64) * float(step) + float(start) if dtype.is_float \
+        else position * int(step) + int(start)
+    result = Tensor(m.cast(values, dtype))
+    return result.requires_grad_() if requires_grad else result
+
+
+def linspace(start, end, steps, dtype=None, requires_grad=False):
+    """`steps` values evenly spaced from start to end, both included."""
+    dtype = dtypes.as_dtype(dtype) or dtypes.default_float
+    if steps < 0:
+        fail(ValueError, "linspace", f"number of steps must be non-negative, got {steps}")
+    step = (end - start) / (steps - 1) if steps > 1 else 0.0
+    i = m.cast(apply("index", shape=(steps,), axis=0, dtype=dtypes.int64), dtypes.float64)
+    # symmetric, as PyTorch: the second half counts back from the end
+    values = m.where(m.lt(i, steps // 2), i * step + float(start), (i - (steps - 1)) * step + float(end))
+    result = Tensor(m.cast(values, dtype))
+    return result.requires_grad_() if requires_grad else result
+
+
+def eye(n, m_=None, dtype=None, requires_grad=False):
+    shape = (n, n if m_ is None else m_)
+    rows = apply("index", shape=shape, axis=0, dtype=dtypes.int64)
+    cols = apply("index", shape=shape, axis=1, dtype=dtypes.int64)
+    result = Tensor(m.cast(m.eq(rows, cols), dtypes.as_dtype(dtype) or dtypes.default_float))
+    return result.requires_grad_() if requires_grad else result
+
+
+def rand(*size, dtype=None, requires_grad=False):
+    """Uniform on [0, 1)."""
+    dtype = dtypes.as_dtype(dtype) or dtypes.default_float
+    return from_numpy_array(generator().random(_size(size)), dtype, requires_grad)
+
+
+def randn(*size, dtype=None, requires_grad=False):
+    """Standard normal."""
+    dtype = dtypes.as_dtype(dtype) or dtypes.default_float
+    return from_numpy_array(generator().standard_normal(_size(size)), dtype, requires_grad)
+
+
+def randint(low, high=None, size=(), dtype=None):
+    """Integers uniform on [low, high)."""
+    if high is None:
+        low, high = 0, low
+    if high <= low:
+        fail(ValueError, "randint", f"high ({high}) must be greater than low ({low})")
+    return from_numpy_array(generator().integers(low, high, _size(size)),
+                            dtypes.as_dtype(dtype) or dtypes.int64)
+
+
+def randperm(n, dtype=None):
+    return from_numpy_array(generator().permutation(n), dtypes.as_dtype(dtype) or dtypes.int64)
+
+
+def rand_like(x, dtype=None):
+    return rand(x.shape, dtype=dtype or x.dtype)
+
+
+def randn_like(x, dtype=None):
+    return randn(x.shape, dtype=dtype or x.dtype)

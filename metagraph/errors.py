@@ -1,0 +1,45 @@
+"""Errors raised to the user, and where in the user's code a graph node was created."""
+import os
+import sys
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+class MetagraphError(Exception):
+    """Base class of every error metagraph raises on purpose."""
+
+
+class ShapeError(MetagraphError, ValueError):
+    """Operands whose shapes do not fit the operation."""
+
+
+class DTypeError(MetagraphError, TypeError):
+    """Operands whose dtypes do not fit the operation."""
+
+
+class ExprError(MetagraphError, ValueError):
+    """A malformed index expression."""
+
+
+class IndexOutOfRange(MetagraphError, IndexError):
+    """An index outside a tensor's bounds."""
+
+
+def user_location():
+    """The (file, line) of the innermost stack frame outside the metagraph package."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+    if frame is None:
+        return ("<unknown>", 0)
+    return (frame.f_code.co_filename, frame.f_lineno)
+
+
+def at(location):
+    """Render a location for an error message."""
+    return f"{os.path.basename(location[0])}:{location[1]}" if location else "<unknown>"
+
+
+def fail(kind, op, message):
+    """Raise `kind` for operation `op`, naming the user's line."""
+    raise kind(f"{op}: {message} (at {at(user_location())})")

@@ -1,0 +1,43 @@
+"""The user's side of autograd: mg.grad (Jittor habit) and the no_grad switches."""
+import contextlib
+
+from metagraph.ops import autograd
+from metagraph.ops import math as m
+from metagraph.ops.node import GradMode
+from metagraph.tensor import Tensor, _gradient_for
+
+
+def grad(output, inputs, grad_output=None, create_graph=False):
+    """d(output)/d(input) for each input; an input the output does not depend on gets zeros."""
+    single = isinstance(inputs, Tensor)
+    inputs = [inputs] if single else list(inputs)
+    if grad_output is None:
+        if output.numel() != 1:
+            raise ValueError(f"grad(): grad can be implicitly created only for scalar outputs, "
+                             f"got shape {output.shape}; pass grad_output=")
+        seed = m.const(1, output.shape, output.dtype)
+    else:
+        seed = _gradient_for(output, grad_output)
+    grads = autograd.gradients([output.node], [seed], create_graph) if output.requires_grad else {}
+    results = [Tensor(grads[t.node.id]) if t.node.id in grads else
+               Tensor(m.const(0, t.shape, t.dtype)) for t in inputs]
+    return results[0] if single else results
+
+
+@contextlib.contextmanager
+def set_grad_enabled(mode):
+    """Record autograd history inside the block only if mode is true."""
+    previous, GradMode.enabled = GradMode.enabled, bool(mode)
+    try:
+        yield
+    finally:
+        GradMode.enabled = previous
+
+
+def no_grad():
+    """A block (or decorator) in which nothing records autograd history."""
+    return set_grad_enabled(False)
+
+
+def enable_grad():
+    return set_grad_enabled(True)

@@ -1,0 +1,2 @@
+"""Neural-network building blocks."""
+from metagraph.nn import functional

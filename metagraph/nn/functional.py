@@ -1,0 +1,47 @@
+"""PyTorch's torch.nn.functional, on metagraph Tensors (each a composition of meta-ops)."""
+from metagraph import creation
+from metagraph.ops import conv, loss as ls, math as m
+from metagraph.tensor import Tensor, lift
+
+relu, gelu, silu, softplus = lift(m.relu), lift(m.gelu), lift(m.silu), lift(m.softplus)
+sigmoid, tanh = lift(m.sigmoid), lift(m.tanh)
+linear = lift(ls.linear)
+conv2d, conv_transpose2d = lift(conv.conv2d), lift(conv.conv_transpose2d)
+max_pool2d, avg_pool2d = lift(conv.max_pool2d), lift(conv.avg_pool2d)
+adaptive_avg_pool2d, interpolate = lift(conv.adaptive_avg_pool2d), lift(conv.interpolate)
+softmax, log_softmax = lift(ls.softmax), lift(ls.log_softmax)
+cross_entropy, nll_loss = lift(ls.cross_entropy), lift(ls.nll_loss)
+mse_loss, l1_loss = lift(ls.mse_loss), lift(ls.l1_loss)
+binary_cross_entropy_with_logits = lift(ls.binary_cross_entropy_with_logits)
+binary_cross_entropy = lift(ls.binary_cross_entropy)
+layer_norm, group_norm = lift(ls.layer_norm), lift(ls.group_norm)
+embedding = lift(ls.embedding)
+
+
+def relu6(x):
+    return x.clamp(0.0, 6.0)
+
+
+def leaky_relu(x, negative_slope=0.01):
+    return Tensor(m.where(m.lt(0, x.node), x.node, x.node * negative_slope))
+
+
+def dropout(x, p=0.5, training=True):
+    """Zero each element with probability p (fresh randomness per call) and rescale the rest."""
+    if not training or p == 0:
+        return x
+    return Tensor(ls.dropout(x.node, p, creation.rand(x.shape, dtype=x.dtype).node))
+
+
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1,
+               eps=1e-5):
+    """Normalise over (N, H, W); in training the running statistics are updated in place."""
+    out, new_mean, new_var = ls.batch_norm(
+        x.node, running_mean.node if running_mean is not None else None,
+        running_var.node if running_var is not None else None,
+        weight.node if weight is not None else None, bias.node if bias is not None else None,
+        training, momentum, eps)
+    if training and running_mean is not None:
+        running_mean.assign(Tensor(new_mean))
+        running_var.assign(Tensor(new_var))
+    return Tensor(out)

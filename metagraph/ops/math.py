@@ -1,0 +1,421 @@
+"""Element-wise composites: broadcasting, type promotion and math, built only from table rows.
+
+Operands are nodes or Python scalars; scalars are weak in type promotion, as in PyTorch.
+"""
+import math
+
+import numpy as np
+
+from metagraph import dtypes
+from metagraph.errors import DTypeError, ShapeError, fail
+from metagraph.expr import Const, Var
+from metagraph.ops.node import Node, detach
+from metagraph.ops.table import apply
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+
+
+# ---- operands ------------------------------------------------------------------------------
+
+def is_node(x):
+    return isinstance(x, Node)
+
+
+def result_type(*operands):
+    """PyTorch's promotion over nodes and scalars (0-d nodes rank below shaped ones)."""
+    return dtypes.result_type(*[(x.dtype if x.ndim else (x.dtype, 0)) if is_node(x) else x
+                                for x in operands])
+
+
+def scalar_in(value, dtype):
+    """A Python scalar converted to `dtype` as a tensor element would be (ints wrap)."""
+    if dtype == dtypes.bool_:
+        return bool(value)
+    if dtype.is_int:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise DTypeError(f"cannot convert {value} to {dtype.name}")
+        return int(np.array(int(value)).astype(dtype.np))
+    return float(value)
+
+
+def const(value, shape, dtype):
+    """`value` broadcast over `shape` (a view; no buffer)."""
+    return apply("const", value=scalar_in(value, dtype), shape=tuple(shape), dtype=dtype)
+
+
+def cast(x, dtype):
+    """x converted to dtype (a Python scalar becomes a 0-d constant)."""
+    if not is_node(x):
+        return const(x, (), dtype)
+    return x if x.dtype == dtype else apply("cast", x, dtype=dtype)
+
+
+def broadcast_shape(op, *shapes):
+    """NumPy's broadcasting rule, with an error that names the op."""
+    ndim = max(len(s) for s in shapes)
+    result = []
+    for axis in range(ndim):
+        sizes = {s[axis - ndim + len(s)] for s in shapes if axis - ndim + len(s) >= 0} - {1}
+        if len(sizes) > 1:
+            fail(ShapeError, op, f"shapes {' and '.join(map(str, shapes))} cannot be broadcast")
+        result.append(sizes.pop() if sizes else 1)
+    return tuple(result)
+
+
+def expand(x, shape):
+    """x broadcast to `shape` by a reindex view (size-1 dimensions repeat)."""
+    shape = tuple(shape)
+    if x.shape == shape:
+        return x
+    offset = len(shape) - x.ndim
+    index_map = tuple(Var(offset + d) if size == shape[offset + d] else Const(0)
+                      for d, size in enumerate(x.shape))
+    return apply("reindex", x, shape=shape, index_map=index_map, fill=0, checked=False)
+
+
+def operands(op, *xs, dtype=None):
+    """Nodes of one broadcast shape and one dtype (promoted unless `dtype` is given)."""
+    dtype = dtype or result_type(*xs)
+    shape = broadcast_shape(op, *[x.shape for x in xs if is_node(x)])
+    return [expand(cast(x, dtype), shape) if is_node(x) else const(x, shape, dtype) for x in xs]
+
+
+def floating(x):
+    """x itself if it is floating-point, else x cast to the default float dtype."""
+    if not is_node(x):
+        return const(x, (), dtypes.default_float)
+    return x if x.dtype.is_float else cast(x, dtypes.default_float)
+
+
+def _no_bool(op, *xs):
+    if any(is_node(x) and x.dtype == dtypes.bool_ for x in xs):
+        fail(DTypeError, op, "is not defined for bool tensors; use logical ops instead")
+
+
+# ---- arithmetic ----------------------------------------------------------------------------
+
+def add(a, b):
+    return apply("add", *operands("add", a, b))
+
+
+def sub(a, b):
+    _no_bool("sub", a, b)
+    a, b = operands("sub", a, b)
+    return apply("add", a, apply("neg", b))
+
+
+def mul(a, b):
+    return apply("mul", *operands("mul", a, b))
+
+
+def neg(x):
+    _no_bool("neg", x)
+    return apply("neg", x)
+
+
+def div(a, b):
+    """True division; integers divide as floats."""
+    dtype = result_type(a, b)
+    a, b = operands("div", a, b, dtype=dtype if dtype.is_float else dtypes.default_float)
+    return apply("mul", a, apply("recip", b))
+
+
+def floor_divide(a, b):
+    dtype = result_type(a, b)
+    if dtype.is_float:
+        return floor(div(a, b))
+    _no_bool("floor_divide", a, b)
+    return apply("idiv", *operands("floor_divide", a, b))
+
+
+def remainder(a, b):
+    """a mod b with the divisor's sign (Python's %)."""
+    dtype = result_type(a, b)
+    if dtype.is_float:
+        a, b = operands("remainder", a, b)
+        return a - floor(a / b) * b
+    _no_bool("remainder", a, b)
+    return apply("mod", *operands("remainder", a, b))
+
+
+def pow(x, exponent):
+    """x ** exponent; small integer exponents are exact repeated products."""
+    if not is_node(x):
+        x = const(x, (), result_type(x, exponent))
+    if not is_node(exponent) and float(exponent).is_integer() and abs(exponent) <= 64:
+        n = int(exponent)
+        x = cast(x, result_type(x, exponent))
+        if n < 0 and not x.dtype.is_float:
+            fail(ValueError, "pow", "integers to negative integer powers are not allowed")
+        result, base = None, x
+        for bit in bin(abs(n))[2:][::-1]:
+            if bit == "1":
+                result = base if result is None else result * base
+            base = base * base
+        result = const(1, x.shape, x.dtype) if result is None else result
+        return recip(result) if n < 0 else result
+    if not is_node(exponent) and exponent == 0.5:
+        return sqrt(x)
+    x, exponent = operands("pow", x, exponent)
+    if not x.dtype.is_float:
+        x, exponent = floating(x), floating(exponent)
+    magnitude = exp2(exponent * log2(abs_(x)))
+    whole = eq(floor(exponent), exponent)
+    odd = logical_and(whole, ne(remainder(exponent, 2.0), 0.0))
+    negative_base = where(whole, where(odd, -magnitude, magnitude), math.nan)
+    result = where(lt(x, 0.0), negative_base, magnitude)
+    return where(eq(exponent, 0.0), 1.0, result)
+
+
+def recip(x):
+    return apply("recip", floating(x))
+
+
+# ---- transcendental ------------------------------------------------------------------------
+
+def sqrt(x):
+    return apply("sqrt", floating(x))
+
+
+def rsqrt(x):
+    return recip(sqrt(x))
+
+
+def exp2(x):
+    return apply("exp2", floating(x))
+
+
+def exp(x):
+    x = floating(x)
+    return apply("exp2", x * LOG2E)
+
+
+def log2(x):
+    return apply("log2", floating(x))
+
+
+def log(x):
+    return log2(x) * LN2
+
+
+def sin(x):
+    return apply("sin", floating(x))
+
+
+def cos(x):
+    x = floating(x)
+    return apply("sin", x + math.pi / 2)
+
+
+def tan(x):
+    return sin(x) / cos(x)
+
+
+def sigmoid(x):
+    """1 / (1 + e^-x), computed from e^-|x| so that neither branch overflows."""
+    x = floating(x)
+    e = exp(-abs_(x))
+    return where(lt(x, 0.0), e / (e + 1.0), recip(e + 1.0))
+
+
+def tanh(x):
+    """tanh from e^-2|x|; a Taylor polynomial near 0 keeps small values exact."""
+    x = floating(x)
+    e = exp(abs_(x) * -2.0)
+    t = (1.0 - e) / (1.0 + e)
+    large = where(lt(x, 0.0), -t, t)
+    x2 = x * x
+    poly = x * (1.0 + x2 * (-1 / 3 + x2 * (2 / 15 + x2 * (-17 / 315 + x2 * (62 / 2835
+                + x2 * (-1382 / 155925 + x2 * (21844 / 6081075)))))))
+    return where(lt(abs_(x), 0.1), poly, large)
+
+
+def erf(x):
+    """Error function (Abramowitz & Stegun 7.1.26: absolute error below 1.5e-7)."""
+    x = floating(x)
+    a = abs_(x)
+    t = recip(a * 0.3275911 + 1.0)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027
+                + t * 1.061405429))))
+    y = 1.0 - poly * exp(-(a * a))
+    return where(lt(x, 0.0), -y, y)
+
+
+def relu(x):
+    """max(x, 0) with PyTorch's gradient of 0 at 0."""
+    return where(lt(0, x), x, 0)
+
+
+def gelu(x, approximate="none"):
+    x = floating(x)
+    if approximate == "tanh":
+        return x * 0.5 * (tanh((x + x * x * x * 0.044715) * math.sqrt(2 / math.pi)) + 1.0)
+    if approximate != "none":
+        fail(ValueError, "gelu", f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    return x * 0.5 * (erf(x * (1 / math.sqrt(2))) + 1.0)
+
+
+def silu(x):
+    x = floating(x)
+    return x * sigmoid(x)
+
+
+def softplus(x, beta=1.0, threshold=20.0):
+    """log(1 + e^(beta x)) / beta, linear above threshold as in PyTorch."""
+    x = floating(x)
+    bx = x * beta
+    smooth = (maximum(bx, 0.0) + log(exp(-abs_(bx)) + 1.0)) / beta
+    return where(lt(threshold, bx), x, smooth)
+
+
+# ---- rounding and sign ---------------------------------------------------------------------
+
+def _exact_limit(dtype):
+    return {2: 2.0 ** 10, 4: 2.0 ** 23, 8: 2.0 ** 52}[dtype.itemsize]
+
+
+def floor(x):
+    """Largest integer <= x; values too large to have a fraction pass through (so do inf, NaN)."""
+    if not x.dtype.is_float:
+        return x
+    whole = cast(cast(x, dtypes.int64), x.dtype)
+    floored = where(lt(x, whole), whole - 1.0, whole)
+    return where(lt(abs_(x), _exact_limit(x.dtype)), floored, detach(x))
+
+
+def ceil(x):
+    return x if not x.dtype.is_float else -floor(-x)
+
+
+def trunc(x):
+    return x if not x.dtype.is_float else where(lt(x, 0.0), ceil(x), floor(x))
+
+
+def round(x, decimals=0):
+    """Round half to even, as PyTorch and NumPy do."""
+    if not x.dtype.is_float:
+        return x
+    if decimals:
+        scale = 10.0 ** decimals
+        return round(x * scale) / scale
+    low = floor(x)
+    diff = x - low
+    odd = ne(remainder(low, 2.0), 0.0)
+    up = logical_or(lt(0.5, diff), logical_and(eq(diff, 0.5), odd))
+    return where(up, low + 1.0, low)
+
+
+def sign(x):
+    if x.dtype == dtypes.bool_:
+        return x
+    s = sub(cast(lt(0, x), x.dtype), cast(lt(x, 0), x.dtype))
+    return where(ne(x, x), x, s) if x.dtype.is_float else s
+
+
+def abs_(x):
+    if x.dtype == dtypes.bool_:
+        return x
+    return where(lt(x, 0), -x, x)
+
+
+# ---- comparison and selection --------------------------------------------------------------
+
+def lt(a, b):
+    return apply("cmplt", *operands("lt", a, b))
+
+
+def gt(a, b):
+    return lt(b, a)
+
+
+def ne(a, b):
+    return apply("cmpne", *operands("ne", a, b))
+
+
+def eq(a, b):
+    return logical_not(ne(a, b))
+
+
+def le(a, b):
+    return logical_or(lt(a, b), eq(a, b))
+
+
+def ge(a, b):
+    return le(b, a)
+
+
+def maximum(a, b):
+    return apply("max", *operands("maximum", a, b))
+
+
+def minimum(a, b):
+    a, b = operands("minimum", a, b)
+    if a.dtype.is_float:
+        return -apply("max", -a, -b)
+    return bitwise_not(apply("max", bitwise_not(a), bitwise_not(b)))   # exact for every int
+
+
+def where(cond, a, b):
+    """a where cond else b, broadcasting all three."""
+    dtype = result_type(a, b)
+    shape = broadcast_shape("where", *[x.shape for x in (cond, a, b) if is_node(x)])
+    cond = cond if is_node(cond) else const(cond, (), dtypes.bool_)
+    cond = expand(cast(cond, dtypes.bool_), shape)
+    a, b = operands("where", a, b, dtype=dtype)
+    return apply("where", cond, expand(a, shape), expand(b, shape))
+
+
+def clamp(x, min=None, max=None):
+    """x limited to [min, max]; the gradient passes where x is inside, boundaries included."""
+    if min is None and max is None:
+        fail(ValueError, "clamp", "at least one of min and max must be given")
+    if min is not None:
+        x = where(lt(x, min), min, x)
+    if max is not None:
+        x = where(lt(max, x), max, x)
+    return x
+
+
+# ---- logic ---------------------------------------------------------------------------------
+
+def _bits(op, a, b):
+    for x in (a, b):
+        if (is_node(x) and x.dtype.is_float) or isinstance(x, float):
+            fail(DTypeError, op, "is only defined for integer and bool tensors")
+    return apply(op, *operands(op, a, b))
+
+
+def bitwise_and(a, b):
+    return _bits("and", a, b)
+
+
+def bitwise_or(a, b):
+    return _bits("or", a, b)
+
+
+def bitwise_xor(a, b):
+    return _bits("xor", a, b)
+
+
+def bitwise_not(x):
+    if x.dtype.is_float:
+        fail(DTypeError, "bitwise_not", "is only defined for integer and bool tensors")
+    return apply("xor", x, const(True if x.dtype == dtypes.bool_ else -1, x.shape, x.dtype))
+
+
+def logical_not(x):
+    return apply("xor", cast(x, dtypes.bool_), const(True, x.shape, dtypes.bool_))
+
+
+def logical_and(a, b):
+    return bitwise_and(cast(a, dtypes.bool_), cast(b, dtypes.bool_))
+
+
+def logical_or(a, b):
+    return bitwise_or(cast(a, dtypes.bool_), cast(b, dtypes.bool_))
+
+
+def logical_xor(a, b):
+    return bitwise_xor(cast(a, dtypes.bool_), cast(b, dtypes.bool_))
+

@@ -1,0 +1,103 @@
+"""The lazy graph node: what every Tensor points at.
+
+A node is a meta-op applied to input nodes. It records its shape, dtype and the user's
+file:line. Nothing is computed until a backend realises it; then `buffer` holds the data and,
+unless autograd still needs its history, the node forgets its inputs and becomes a `buffer` leaf.
+"""
+import itertools
+
+from metagraph.errors import user_location
+
+
+class GradMode:
+    """Whether new nodes record autograd history (off inside `no_grad()`)."""
+    enabled = True
+
+
+_ids = itertools.count()
+
+
+class Node:
+    """One meta-op application in the lazy graph."""
+    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "location", "requires_grad", "leaf",
+                 "buffer", "owner", "id", "__weakref__")
+
+    def __init__(self, op, inputs, attrs, shape, dtype, requires_grad=None, buffer=None):
+        self.op = op
+        self.inputs = tuple(inputs)
+        self.attrs = attrs
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.location = user_location()
+        if requires_grad is None:
+            requires_grad = (GradMode.enabled and dtype.is_float
+                             and any(i.requires_grad for i in self.inputs))
+        self.requires_grad = requires_grad
+        self.leaf = not self.inputs      # autograd stops at leaves
+        self.buffer = buffer
+        self.owner = None                # weak reference to the leaf Tensor that owns this node
+        self.id = next(_ids)
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def numel(self):
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count
+
+    def set_buffer(self, array):
+        """Store the realised value; drop the history unless autograd may still walk it."""
+        self.buffer = array
+        if self.leaf or not self.requires_grad:
+            self.op, self.inputs, self.attrs, self.leaf = "buffer", (), {}, True
+
+    def __repr__(self):
+        return f"<{self.op} {self.shape} {self.dtype.name}>"
+
+    # Arithmetic for readable gradient rules and composites (`-g * y * y`); these build
+    # composites, which broadcast and promote as Tensor does.
+    def __add__(self, other):
+        return _math().add(self, other)
+
+    def __radd__(self, other):
+        return _math().add(other, self)
+
+    def __sub__(self, other):
+        return _math().sub(self, other)
+
+    def __rsub__(self, other):
+        return _math().sub(other, self)
+
+    def __mul__(self, other):
+        return _math().mul(self, other)
+
+    def __rmul__(self, other):
+        return _math().mul(other, self)
+
+    def __truediv__(self, other):
+        return _math().div(self, other)
+
+    def __rtruediv__(self, other):
+        return _math().div(other, self)
+
+    def __neg__(self):
+        return _math().neg(self)
+
+
+def _math():
+    from metagraph.ops import math
+    return math
+
+
+def detach(node):
+    """The same value, cut from autograd (a copy of the node that does not require grad)."""
+    if not node.requires_grad:
+        return node
+    copy = Node(node.op, node.inputs, node.attrs, node.shape, node.dtype, requires_grad=False,
+                buffer=node.buffer)
+    copy.leaf = True
+    return copy

@@ -1,0 +1,145 @@
+"""Reductions with PyTorch's `dim`/`keepdim` conventions, built on the `reduce` row."""
+import builtins
+
+from metagraph import dtypes
+from metagraph.errors import DTypeError, IndexOutOfRange, fail
+from metagraph.ops import math as m
+from metagraph.ops.movement import normalize_dim, normalize_dims, reshape, unsqueeze
+from metagraph.ops.node import detach
+from metagraph.ops.table import apply, unreduce
+
+
+def _reduce(x, op, axes, keepdim):
+    return apply("reduce", x, op=op, axes=axes, keepdim=keepdim)
+
+
+def _count(x, axes):
+    count = 1
+    for a in axes:
+        count *= x.shape[a]
+    return count
+
+
+def sum(x, dim=None, keepdim=False, dtype=None):
+    """Sum over dim; bool and integer tensors sum as int64."""
+    if dtype is None and not x.dtype.is_float:
+        dtype = dtypes.int64
+    x = m.cast(x, dtypes.as_dtype(dtype) or x.dtype)
+    return _reduce(x, "add", normalize_dims("sum", x.ndim, dim), keepdim)
+
+
+def prod(x, dim=None, keepdim=False, dtype=None):
+    if dtype is None and not x.dtype.is_float:
+        dtype = dtypes.int64
+    x = m.cast(x, dtypes.as_dtype(dtype) or x.dtype)
+    return _reduce(x, "mul", normalize_dims("prod", x.ndim, dim), keepdim)
+
+
+def mean(x, dim=None, keepdim=False, dtype=None):
+    x = m.cast(x, dtypes.as_dtype(dtype) or x.dtype)
+    if not x.dtype.is_float:
+        fail(DTypeError, "mean", f"needs a floating-point input, got {x.dtype.name}; "
+                                 "pass dtype= or cast first")
+    axes = normalize_dims("mean", x.ndim, dim)
+    return _reduce(x, "add", axes, keepdim) / _count(x, axes)
+
+
+def amax(x, dim=None, keepdim=False):
+    axes = normalize_dims("amax", x.ndim, dim)
+    if builtins.any(x.shape[a] == 0 for a in axes):
+        fail(IndexOutOfRange, "amax", f"cannot reduce an empty dimension of shape {x.shape}")
+    return _reduce(x, "max", axes, keepdim)
+
+
+def amin(x, dim=None, keepdim=False):
+    if x.dtype.is_float:
+        return -amax(-x, dim, keepdim)
+    return m.bitwise_not(amax(m.bitwise_not(x), dim, keepdim))   # exact for every integer
+
+
+def _is_nan(x):
+    return m.ne(x, x) if x.dtype.is_float else m.const(False, x.shape, dtypes.bool_)
+
+
+def _arg_extreme(x, dim, keepdim, extreme):
+    if dim is None:
+        return _arg_extreme(reshape(x, (-1,)), 0, False, extreme)
+    dim = normalize_dim("argmax", x.ndim, dim)
+    if x.ndim == 0:
+        return m.const(0, (), dtypes.int64)
+    best = unreduce(detach(extreme(x, dim, True)), x.shape, (dim,), True)
+    hit = m.logical_or(m.eq(x, best), _is_nan(x))       # NaN wins, as in PyTorch
+    position = apply("index", shape=x.shape, axis=dim, dtype=dtypes.int64)
+    return amin(m.where(hit, position, x.shape[dim]), dim, keepdim)
+
+
+def argmax(x, dim=None, keepdim=False):
+    """Index of the first maximum."""
+    return _arg_extreme(x, dim, keepdim, amax)
+
+
+def argmin(x, dim=None, keepdim=False):
+    return _arg_extreme(x, dim, keepdim, amin)
+
+
+def _values_at(x, dim, index, keepdim):
+    """x at `index` along dim; the gradient goes to that one element, as in PyTorch."""
+    index = index if keepdim else unsqueeze(index, dim)
+    position = apply("index", shape=x.shape, axis=dim, dtype=dtypes.int64)
+    chosen = m.eq(position, m.expand(index, x.shape))
+    return _reduce(m.where(chosen, x, 0), "add", (dim,), keepdim)
+
+
+def max(x, dim=None, keepdim=False):
+    """max over everything, or (values, indices) along dim."""
+    if dim is None:
+        return amax(x)
+    dim = normalize_dim("max", x.ndim, dim)
+    if x.ndim == 0:
+        return x, m.const(0, (), dtypes.int64)
+    indices = argmax(x, dim, keepdim)
+    return _values_at(x, dim, indices, keepdim), indices
+
+
+def min(x, dim=None, keepdim=False):
+    if dim is None:
+        return amin(x)
+    dim = normalize_dim("min", x.ndim, dim)
+    if x.ndim == 0:
+        return x, m.const(0, (), dtypes.int64)
+    indices = argmin(x, dim, keepdim)
+    return _values_at(x, dim, indices, keepdim), indices
+
+
+def var(x, dim=None, correction=1, keepdim=False, unbiased=None):
+    if unbiased is not None:
+        correction = int(unbiased)
+    x = m.floating(x)
+    axes = normalize_dims("var", x.ndim, dim)
+    centered = x - unreduce(mean(x, axes, True), x.shape, axes, True)
+    return _reduce(centered * centered, "add", axes, keepdim) / builtins.max(
+        _count(x, axes) - correction, 0)
+
+
+def std(x, dim=None, correction=1, keepdim=False, unbiased=None):
+    return m.sqrt(var(x, dim, correction, keepdim, unbiased))
+
+
+def logsumexp(x, dim=None, keepdim=False):
+    x = m.floating(x)
+    axes = normalize_dims("logsumexp", x.ndim, dim)
+    peak = detach(amax(x, axes, True))
+    peak = m.where(m.eq(m.abs_(peak), float("inf")), 0.0, peak)
+    total = _reduce(m.exp(x - unreduce(peak, x.shape, axes, True)), "add", axes, True)
+    result = m.log(total) + peak
+    if keepdim:
+        return result
+    return reshape(result, tuple(s for d, s in enumerate(x.shape) if d not in axes))
+
+
+def any(x, dim=None, keepdim=False):
+    return _reduce(m.cast(x, dtypes.bool_), "max", normalize_dims("any", x.ndim, dim), keepdim)
+
+
+def all(x, dim=None, keepdim=False):
+    return m.logical_not(any(m.logical_not(x), dim, keepdim))

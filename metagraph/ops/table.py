@@ -1,0 +1,280 @@
+"""The meta-op table: every operation the graph holds, with its shape, dtype and gradient rules.
+
+Each row is one meta-op. `shape` and `dtype` check the operands and give the result's shape and
+dtype; they run when the node is built, so errors point at the user's line. `grad(g, y, *inputs)`
+returns one gradient per input (None where none flows), written only in meta-ops: `g` is the
+incoming gradient, `y` the op's output. Every other operation (sub, exp, matmul, conv2d, ...) is a
+composition of these rows, and so is every gradient.
+"""
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from metagraph import dtypes
+from metagraph.errors import DTypeError, MetagraphError, ShapeError, at, user_location
+from metagraph.expr import Const, Var, variables, extras_used
+from metagraph.ops.node import Node
+
+SOURCE, ELEMENTWISE, REDUCE, VIEW, SCATTER, NOT_MATH = (
+    "source", "elementwise", "reduce", "view", "scatter", "not-math")
+LN2 = math.log(2.0)
+
+
+@dataclass(frozen=True)
+class MetaOp:
+    """One row of the table."""
+    name: str
+    kind: str
+    inputs: str                          # input names; '*extras' means any number of index tensors
+    attrs: tuple
+    shape: Callable
+    dtype: Callable
+    grad: Optional[Callable]
+    doc: str
+
+
+def apply(name, *inputs, **attrs):
+    """Build the node for meta-op `name`, checking shapes and dtypes now."""
+    row = TABLE[name]
+    try:
+        shape = row.shape(inputs, attrs)
+        dtype = row.dtype(inputs, attrs)
+    except MetagraphError as error:
+        raise type(error)(f"{name}: {error} (at {at(user_location())})") from None
+    return Node(name, inputs, attrs, shape, dtype)
+
+
+# ---- shape and dtype rules -----------------------------------------------------------------
+
+def _show(nodes):
+    return " and ".join(str(n.shape) for n in nodes)
+
+
+def same_shape(inputs, attrs):
+    if any(n.shape != inputs[0].shape for n in inputs):
+        raise ShapeError(f"element-wise operands need equal shapes, got {_show(inputs)}")
+    return inputs[0].shape
+
+
+def attr_shape(inputs, attrs):
+    shape = tuple(attrs["shape"])
+    if any(not isinstance(s, int) or s < 0 for s in shape):
+        raise ShapeError(f"shape must be non-negative integers, got {shape}")
+    return shape
+
+
+def attr_dtype(inputs, attrs):
+    return attrs["dtype"]
+
+
+def _dtype_rule(accept, what, result=None):
+    def rule(inputs, attrs):
+        if any(n.dtype != inputs[0].dtype for n in inputs):
+            raise DTypeError(f"operands need equal dtypes, got "
+                             f"{' and '.join(n.dtype.name for n in inputs)}")
+        if not accept(inputs[0].dtype):
+            raise DTypeError(f"expects {what} operands, got {inputs[0].dtype.name}")
+        return result or inputs[0].dtype
+    return rule
+
+
+any_dtype = _dtype_rule(lambda d: True, "any")
+numeric = _dtype_rule(lambda d: d != dtypes.bool_, "numeric (not bool)")
+floating = _dtype_rule(lambda d: d.is_float, "floating-point")
+integer = _dtype_rule(lambda d: d.is_int, "integer")
+bits = _dtype_rule(lambda d: not d.is_float, "integer or bool")
+to_bool = _dtype_rule(lambda d: True, "any", result=dtypes.bool_)
+
+
+def where_shape(inputs, attrs):
+    return same_shape(inputs, attrs)
+
+
+def where_dtype(inputs, attrs):
+    cond, a, b = inputs
+    if cond.dtype != dtypes.bool_:
+        raise DTypeError(f"condition must be bool, got {cond.dtype.name}")
+    if a.dtype != b.dtype:
+        raise DTypeError(f"branches need equal dtypes, got {a.dtype.name} and {b.dtype.name}")
+    return a.dtype
+
+
+def reduce_shape(inputs, attrs):
+    (x,), axes = inputs, attrs["axes"]
+    if attrs["op"] not in ("add", "mul", "max"):
+        raise MetagraphError(f"op must be add, mul or max, got {attrs['op']!r}")
+    if any(not 0 <= a < x.ndim for a in axes) or len(set(axes)) != len(axes):
+        raise ShapeError(f"axes {axes} invalid for a tensor of shape {x.shape}")
+    if attrs["keepdim"]:
+        return tuple(1 if d in axes else s for d, s in enumerate(x.shape))
+    return tuple(s for d, s in enumerate(x.shape) if d not in axes)
+
+
+def _check_map(index_map, num_dims, num_vars, num_extras):
+    if len(index_map) != num_dims:
+        raise ShapeError(f"index map has {len(index_map)} expressions for {num_dims} dimensions")
+    for expr in index_map:
+        if any(v >= num_vars for v in variables(expr)):
+            raise ShapeError(f"index expression {expr} reads a loop variable beyond i{num_vars - 1}")
+        if any(e >= num_extras for e in extras_used(expr)):
+            raise ShapeError(f"index expression {expr} reads an extra that was not given")
+
+
+def _check_extras(extras):
+    if any(not e.dtype.is_int for e in extras):
+        raise DTypeError("index extras must be integer tensors")
+
+
+def reindex_shape(inputs, attrs):
+    x, extras = inputs[0], inputs[1:]
+    shape = attr_shape(inputs, attrs)
+    _check_map(attrs["index_map"], x.ndim, len(shape), len(extras))
+    _check_extras(extras)
+    return shape
+
+
+def reindex_reduce_shape(inputs, attrs):
+    x, extras = inputs[0], inputs[1:]
+    if attrs["op"] not in ("add", "max"):
+        raise MetagraphError(f"op must be add or max, got {attrs['op']!r}")
+    shape = attr_shape(inputs, attrs)
+    _check_map(attrs["index_map"], len(shape), x.ndim, len(extras))
+    _check_extras(extras)
+    return shape
+
+
+def first_dtype(inputs, attrs):
+    return inputs[0].dtype
+
+
+# ---- gradient helpers (each builds only table ops) ------------------------------------------
+
+def full(value, like):
+    return apply("const", value=value, shape=like.shape, dtype=like.dtype)
+
+
+def where(cond, a, b):
+    """where() with scalar branches filled to the other branch's shape and dtype."""
+    like = a if isinstance(a, Node) else b
+    a = a if isinstance(a, Node) else full(a, like)
+    b = b if isinstance(b, Node) else full(b, like)
+    return apply("where", cond, a, b)
+
+
+def cmpne(a, b):
+    return apply("cmpne", a, b if isinstance(b, Node) else full(b, a))
+
+
+def cmplt(a, b):
+    return apply("cmplt", a, b)
+
+
+def unreduce(g, x_shape, axes, keepdim):
+    """Broadcast a reduction's result (or its gradient) back to the input's shape."""
+    if keepdim:
+        index_map = [Const(0) if axis in axes else Var(axis) for axis in range(len(x_shape))]
+    else:
+        index_map = [Var(axis) for axis in range(len(x_shape)) if axis not in axes]
+    return apply("reindex", g, shape=x_shape, index_map=tuple(index_map), fill=0, checked=False)
+
+
+def reduce_like(x, op, attrs):
+    return apply("reduce", x, op=op, axes=attrs["axes"], keepdim=attrs["keepdim"])
+
+
+def max_grad(g, y, a, b):
+    share_a = where(cmplt(b, a), 1, where(cmpne(a, b), 0, 0.5))   # ties split the gradient
+    return g * share_a, g * (1 - share_a)
+
+
+def reduce_grad(g, y, x):
+    attrs = y.attrs
+    back = lambda node: unreduce(node, x.shape, attrs["axes"], attrs["keepdim"])  # noqa: E731
+    if attrs["op"] == "add":
+        return (back(g),)
+    if attrs["op"] == "max":                                       # shared among the maxima
+        is_max = cmpne(x, back(y))
+        count = reduce_like(where(is_max, 0, 1), "add", attrs)
+        return (where(is_max, 0, back(g / count)),)
+    nonzero = cmpne(x, 0)                                          # mul: exact with zeros
+    safe_x = where(nonzero, x, 1)
+    zeros = back(reduce_like(where(nonzero, 0, 1), "add", attrs))
+    others = back(reduce_like(safe_x, "mul", attrs))
+    one_zero = where(cmpne(zeros, 1), 0, where(nonzero, 0, back(g) * others))
+    return (where(cmpne(zeros, 0), one_zero, back(g) * back(y) / safe_x),)
+
+
+def reindex_grad(g, y, x, *extras):
+    attrs = y.attrs
+    scatter = apply("reindex_reduce", g, *extras, op="add", shape=x.shape,
+                    index_map=attrs["index_map"], checked=False)
+    return (scatter,) + (None,) * len(extras)
+
+
+def reindex_reduce_grad(g, y, x, *extras):
+    attrs = y.attrs
+    gather = lambda node, fill: apply("reindex", node, *extras, shape=x.shape,  # noqa: E731
+                                      index_map=attrs["index_map"], fill=fill, checked=False)
+    if attrs["op"] == "add":
+        return (gather(g, 0),) + (None,) * len(extras)
+    inside = gather(apply("const", value=True, shape=y.shape, dtype=dtypes.bool_), False)
+    is_max = where(inside, cmpne(x, gather(y, 0)), True)
+    count = apply("reindex_reduce", where(is_max, 0, 1), *extras, op="add", shape=y.shape,
+                  index_map=attrs["index_map"], checked=False)
+    return (where(is_max, 0, gather(g / count, 0)),) + (None,) * len(extras)
+
+
+def unary(name, dtype_rule, grad, doc):
+    return MetaOp(name, ELEMENTWISE, "x", (), same_shape, dtype_rule, grad, doc)
+
+
+def binary(name, dtype_rule, grad, doc):
+    return MetaOp(name, ELEMENTWISE, "a b", (), same_shape, dtype_rule, grad, doc)
+
+
+ROWS = [
+    MetaOp("const", SOURCE, "", ("value", "shape", "dtype"), attr_shape, attr_dtype, None,
+           "value repeated over shape: a view, never a buffer"),
+    MetaOp("index", SOURCE, "", ("shape", "axis", "dtype"), attr_shape, attr_dtype, None,
+           "the loop variable along axis (iota)"),
+    unary("neg", numeric, lambda g, y, x: (-g,), "-x"),
+    unary("recip", floating, lambda g, y, x: (-g * y * y,), "1/x"),
+    unary("sqrt", floating, lambda g, y, x: (g / (y * 2),), "square root"),
+    unary("exp2", floating, lambda g, y, x: (g * y * LN2,), "2**x"),
+    unary("log2", floating, lambda g, y, x: (g / (x * LN2),), "log base 2"),
+    unary("sin", floating, lambda g, y, x: (g * apply("sin", x + math.pi / 2),), "sine"),
+    MetaOp("cast", ELEMENTWISE, "x", ("dtype",), same_shape, attr_dtype,
+           lambda g, y, x: (apply("cast", g, dtype=x.dtype) if x.dtype.is_float else None,),
+           "convert to dtype (float to int truncates toward zero)"),
+    binary("add", any_dtype, lambda g, y, a, b: (g, g), "a + b"),
+    binary("mul", any_dtype, lambda g, y, a, b: (g * b, g * a), "a * b"),
+    binary("max", any_dtype, max_grad, "larger of a and b; NaN if either is NaN"),
+    binary("cmplt", to_bool, None, "a < b"),
+    binary("cmpne", to_bool, None, "a != b (True for NaN)"),
+    MetaOp("where", ELEMENTWISE, "cond a b", (), where_shape, where_dtype,
+           lambda g, y, c, a, b: (None, where(c, g, 0), where(c, 0, g)), "a where cond else b"),
+    MetaOp("reduce", REDUCE, "x", ("op", "axes", "keepdim"), reduce_shape, first_dtype,
+           reduce_grad, "add, mul or max over axes (float16 accumulates in float32)"),
+    MetaOp("reindex", VIEW, "x *extras", ("shape", "index_map", "fill", "checked"),
+           reindex_shape, first_dtype, reindex_grad,
+           "out[i] = x[index_map(i)], or fill where an index is out of bounds "
+           "(an error instead when checked)"),
+    MetaOp("reindex_reduce", SCATTER, "x *extras", ("op", "shape", "index_map", "checked"),
+           reindex_reduce_shape, first_dtype, reindex_reduce_grad,
+           "out[index_map(i)] op= x[i] (add from 0, max from the dtype's minimum); "
+           "out-of-bounds targets are skipped (an error when checked)"),
+    # Rows beyond the core, each for a reason:
+    binary("idiv", integer, None,
+           "integer floor division: exact for int64, which no float composition gives"),
+    binary("mod", integer, None, "integer remainder with the divisor's sign, exact as idiv"),
+    binary("and", bits, None, "bitwise and: integer bit logic has no arithmetic composition"),
+    binary("or", bits, None, "bitwise or, for the same reason"),
+    binary("xor", bits, None, "bitwise xor, for the same reason"),
+    # Nodes that are not math:
+    MetaOp("buffer", NOT_MATH, "", (), lambda i, a: (), lambda i, a: None, None,
+           "realised data"),
+    MetaOp("contiguous", NOT_MATH, "x", (), same_shape, first_dtype, lambda g, y, x: (g,),
+           "the same value, materialised: forces a kernel boundary"),
+]
+
+TABLE = {row.name: row for row in ROWS}

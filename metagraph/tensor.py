@@ -1,0 +1,384 @@
+"""Tensor: the user's handle on a lazy graph node, with PyTorch's methods and operators.
+
+A Tensor points at an immutable node; in-place operations point it at a new node. Methods are
+the composites of `metagraph.ops`, lifted so that they take and return Tensors.
+"""
+import functools
+import weakref
+
+import numpy as np
+
+from metagraph import backend, dtypes
+from metagraph.errors import DTypeError, MetagraphError, ShapeError, fail
+from metagraph.ops import autograd, index as ix, linalg, math as m, movement as mv, reduce as rd
+from metagraph.ops.node import GradMode, Node, detach
+
+
+def _unwrap(x):
+    if isinstance(x, Tensor):
+        return x.node
+    if isinstance(x, (list, tuple)):
+        return type(x)(_unwrap(v) for v in x)
+    return x
+
+
+def _wrap(x):
+    if isinstance(x, Node):
+        return Tensor(x)
+    if isinstance(x, tuple):
+        return tuple(_wrap(v) for v in x)
+    return x
+
+
+def lift(fn):
+    """A node-level composite as a function (or method) on Tensors."""
+    @functools.wraps(fn)
+    def lifted(*args, **kwargs):
+        return _wrap(fn(*map(_unwrap, args), **{k: _unwrap(v) for k, v in kwargs.items()}))
+    return lifted
+
+
+def _reflected(fn):
+    def lifted(self, other):
+        return _wrap(fn(_unwrap(other), self.node))
+    return lifted
+
+
+def _with_realize(fn):
+    def lifted(self, *args):
+        return _wrap(fn(self.node, *map(_unwrap, args), realize=backend.realize))
+    return lifted
+
+
+def _to_dtype(fn_dtype):
+    def convert(self):
+        return _wrap(m.cast(self.node, fn_dtype))
+    return convert
+
+
+class Tensor:
+    """A lazily computed n-dimensional array."""
+    __slots__ = ("node", "grad", "__weakref__")
+    __array_priority__ = 1000        # numpy defers to our reflected operators
+
+    def __init__(self, node):
+        self.node = node
+        self.grad = None
+
+    # ---- inspection (sync points: numpy, item, tolist, repr) ----------------------------
+    shape = property(lambda self: self.node.shape)
+    dtype = property(lambda self: self.node.dtype)
+    ndim = property(lambda self: self.node.ndim)
+    device = property(lambda self: "cpu")
+    is_leaf = property(lambda self: self.node.leaf or not self.node.requires_grad)
+
+    def size(self, dim=None):
+        return self.shape if dim is None else self.shape[mv.normalize_dim("size", self.ndim, dim)]
+
+    def dim(self):
+        return self.ndim
+
+    def numel(self):
+        return self.node.numel
+
+    def __len__(self):
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def sync(self):
+        """Compute the value now; returns self."""
+        backend.realize([self.node])
+        return self
+
+    def numpy(self):
+        """The value as a new numpy array."""
+        backend.realize([self.node])
+        return self.node.buffer.copy()
+
+    def __array__(self, dtype=None, copy=None):
+        array = self.numpy()
+        return array if dtype is None else array.astype(dtype)
+
+    def item(self):
+        if self.numel() != 1:
+            raise ValueError(f"item(): a tensor with {self.numel()} elements cannot be converted "
+                             "to a Python scalar")
+        return self.numpy().reshape(()).item()
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def __bool__(self):
+        if self.numel() != 1:
+            raise RuntimeError(f"the truth value of a tensor with {self.numel()} elements is "
+                               "ambiguous")
+        return bool(self.item())
+
+    __float__ = lambda self: float(self.item())  # noqa: E731
+    __int__ = lambda self: int(self.item())  # noqa: E731
+
+    def __index__(self):
+        if self.dtype.is_float or self.numel() != 1:
+            raise TypeError("only integer tensors of a single element can be used as an index")
+        return int(self.item())
+
+    def __repr__(self):
+        body = np.array2string(self.numpy(), separator=", ", prefix="tensor(")
+        extra = "" if self.dtype in (dtypes.float32, dtypes.int64, dtypes.bool_) else \
+            f", dtype={self.dtype!r}"
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"tensor({body}{extra}{grad})"
+
+    def __iter__(self):
+        if self.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return iter(self.unbind(0))
+
+    __hash__ = object.__hash__
+
+    # ---- autograd --------------------------------------------------------------------------
+    @property
+    def requires_grad(self):
+        return self.node.requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, flag):
+        self.requires_grad_(flag)
+
+    def requires_grad_(self, requires_grad=True):
+        """Make this tensor a leaf that does (or does not) collect gradients."""
+        if requires_grad and not self.dtype.is_float:
+            raise DTypeError(f"only floating-point tensors can require gradients, got "
+                             f"{self.dtype.name}")
+        if not requires_grad and not self.node.leaf:
+            raise MetagraphError("requires_grad_(False) on a non-leaf tensor; use detach()")
+        node = self.node
+        leaf = Node(node.op, node.inputs, node.attrs, node.shape, node.dtype,
+                    requires_grad=bool(requires_grad), buffer=node.buffer)
+        leaf.leaf = True
+        leaf.location = node.location
+        leaf.owner = weakref.ref(self)
+        self.node = leaf
+        return self
+
+    def clone(self):
+        """A new tensor with the same value (values are immutable, so nothing is copied)."""
+        return Tensor(self.node)
+
+    def detach(self):
+        """The same value, cut from autograd."""
+        return Tensor(detach(self.node))
+
+    @property
+    def data(self):
+        return self.detach()
+
+    @data.setter
+    def data(self, value):
+        value = value.node if isinstance(value, Tensor) else m.cast(value, self.dtype)
+        self._replace(detach(value), check_leaf=False)
+
+    def backward(self, gradient=None, retain_graph=None, create_graph=False):
+        """Accumulate d(self)/d(leaf) into `.grad` of every leaf that requires grad."""
+        if not self.requires_grad:
+            raise MetagraphError("backward(): this tensor does not require grad and has no "
+                                 "history; call requires_grad_() on its inputs first")
+        if gradient is None:
+            if self.numel() != 1:
+                raise MetagraphError(f"backward(): grad can be implicitly created only for "
+                                     f"scalar outputs, got shape {self.shape}; pass gradient=")
+            gradient = m.const(1, self.shape, self.dtype)
+        else:
+            gradient = _gradient_for(self, gradient)
+        grads = autograd.gradients([self.node], [gradient], create_graph)
+        for leaf in autograd.leaves([self.node]):
+            owner = leaf.owner() if leaf.owner is not None else None
+            if owner is None or leaf.id not in grads:
+                continue
+            grad = Tensor(grads[leaf.id])
+            owner.grad = grad if owner.grad is None else Tensor(m.add(owner.grad.node, grad.node))
+
+    # ---- in-place updates -------------------------------------------------------------------
+    def _replace(self, node, check_leaf=True):
+        if check_leaf and GradMode.enabled and self.node.leaf and self.node.requires_grad:
+            raise MetagraphError("a leaf tensor that requires grad is used in an in-place "
+                                 "operation; wrap it in metagraph.no_grad()")
+        if node.shape != self.shape:
+            raise ShapeError(f"in-place result of shape {node.shape} does not fit {self.shape}")
+        if node.dtype != self.dtype:
+            if node.dtype.is_float and not self.dtype.is_float:
+                raise DTypeError(f"result type {node.dtype.name} can't be cast to the in-place "
+                                 f"output type {self.dtype.name}")
+            node = m.cast(node, self.dtype)
+        if self.node.leaf and self.node.requires_grad and not node.requires_grad:
+            node = Node(node.op, node.inputs, node.attrs, node.shape, node.dtype,
+                        requires_grad=True, buffer=node.buffer)
+            node.leaf = True
+            node.owner = weakref.ref(self)
+        self.node = node
+        return self
+
+    def assign(self, value):
+        """Jittor's in-place update: self takes value's value (no gradient through it)."""
+        return self._replace(detach(_unwrap(value) if isinstance(value, Tensor)
+                                    else m.cast(value, self.dtype)), check_leaf=False)
+
+    def copy_(self, source):
+        return self._replace(mv.broadcast_to(m.cast(_unwrap(source), self.dtype), self.shape))
+
+    def fill_(self, value):
+        return self._replace(m.const(value, self.shape, self.dtype))
+
+    def zero_(self):
+        return self.fill_(0)
+
+    def __setitem__(self, key, value):
+        self._replace(ix.setitem(self.node, _unwrap(key), _unwrap(value), backend.realize))
+
+    def __getitem__(self, key):
+        return Tensor(ix.getitem(self.node, _unwrap(key), backend.realize))
+
+    # ---- dtype ------------------------------------------------------------------------------
+    def to(self, *args, dtype=None, **kwargs):
+        """to(dtype) converts; to('cpu') is the tensor itself (all data lives on the host)."""
+        for arg in args:
+            if isinstance(arg, str) and arg.split(":")[0] == "cpu":
+                continue
+            dtype = arg
+        return self if dtype is None else Tensor(m.cast(self.node, dtypes.as_dtype(dtype)))
+
+    def type(self, dtype):
+        return self.to(dtype)
+
+    def type_as(self, other):
+        return self.to(other.dtype)
+
+    def cpu(self):
+        return self
+
+    float = _to_dtype(dtypes.float32)
+    double = _to_dtype(dtypes.float64)
+    half = _to_dtype(dtypes.float16)
+    int = _to_dtype(dtypes.int32)
+    long = _to_dtype(dtypes.int64)
+    bool = _to_dtype(dtypes.bool_)
+
+    # ---- operators ----------------------------------------------------------------------------
+    __add__, __radd__ = lift(m.add), _reflected(m.add)
+    __sub__, __rsub__ = lift(m.sub), _reflected(m.sub)
+    __mul__, __rmul__ = lift(m.mul), _reflected(m.mul)
+    __truediv__, __rtruediv__ = lift(m.div), _reflected(m.div)
+    __floordiv__, __rfloordiv__ = lift(m.floor_divide), _reflected(m.floor_divide)
+    __mod__, __rmod__ = lift(m.remainder), _reflected(m.remainder)
+    __pow__, __rpow__ = lift(m.pow), _reflected(m.pow)
+    __matmul__, __rmatmul__ = lift(linalg.matmul), _reflected(linalg.matmul)
+    __and__, __rand__ = lift(m.bitwise_and), _reflected(m.bitwise_and)
+    __or__, __ror__ = lift(m.bitwise_or), _reflected(m.bitwise_or)
+    __xor__, __rxor__ = lift(m.bitwise_xor), _reflected(m.bitwise_xor)
+    __lt__, __le__, __gt__, __ge__ = lift(m.lt), lift(m.le), lift(m.gt), lift(m.ge)
+    __eq__, __ne__ = lift(m.eq), lift(m.ne)
+    __neg__, __abs__, __invert__ = lift(m.neg), lift(m.abs_), lift(m.bitwise_not)
+    __pos__ = lambda self: self  # noqa: E731
+
+    def _inplace(fn):
+        def update(self, other):
+            return self._replace(fn(self.node, _unwrap(other)))
+        return update
+
+    __iadd__ = add_ = _inplace(m.add)
+    __isub__ = sub_ = _inplace(m.sub)
+    __imul__ = mul_ = _inplace(m.mul)
+    __itruediv__ = div_ = _inplace(m.div)
+    __ifloordiv__ = _inplace(m.floor_divide)
+    __imod__ = _inplace(m.remainder)
+    __ipow__ = pow_ = _inplace(m.pow)
+    __iand__ = _inplace(m.bitwise_and)
+    __ior__ = _inplace(m.bitwise_or)
+    __ixor__ = _inplace(m.bitwise_xor)
+    del _inplace
+
+    def clamp_(self, min=None, max=None):
+        return self._replace(m.clamp(self.node, min, max))
+
+    def relu_(self):
+        return self._replace(m.relu(self.node))
+
+    # ---- element-wise -------------------------------------------------------------------------
+    add, sub, mul, div, true_divide = lift(m.add), lift(m.sub), lift(m.mul), lift(m.div), lift(m.div)
+    floor_divide, remainder, pow = lift(m.floor_divide), lift(m.remainder), lift(m.pow)
+    neg, abs, reciprocal = lift(m.neg), lift(m.abs_), lift(m.recip)
+    exp, exp2, log, log2 = lift(m.exp), lift(m.exp2), lift(m.log), lift(m.log2)
+    sqrt, rsqrt, sin, cos, tan = lift(m.sqrt), lift(m.rsqrt), lift(m.sin), lift(m.cos), lift(m.tan)
+    tanh, sigmoid, relu, erf = lift(m.tanh), lift(m.sigmoid), lift(m.relu), lift(m.erf)
+    floor, ceil, round, trunc, sign = lift(m.floor), lift(m.ceil), lift(m.round), lift(m.trunc), \
+        lift(m.sign)
+    clamp = clip = lift(m.clamp)
+    maximum, minimum = lift(m.maximum), lift(m.minimum)
+    lt, le, gt, ge, eq, ne = lift(m.lt), lift(m.le), lift(m.gt), lift(m.ge), lift(m.eq), lift(m.ne)
+    logical_not, logical_and = lift(m.logical_not), lift(m.logical_and)
+    logical_or, logical_xor = lift(m.logical_or), lift(m.logical_xor)
+    bitwise_not, bitwise_and = lift(m.bitwise_not), lift(m.bitwise_and)
+    bitwise_or, bitwise_xor = lift(m.bitwise_or), lift(m.bitwise_xor)
+    masked_fill = lift(ix.masked_fill)
+
+    def square(self):
+        return self * self
+
+    def where(self, condition, other):
+        """PyTorch's x.where(condition, y): x where condition else y."""
+        return Tensor(m.where(_unwrap(condition), self.node, _unwrap(other)))
+
+    # ---- reductions ---------------------------------------------------------------------------
+    sum, mean, prod = lift(rd.sum), lift(rd.mean), lift(rd.prod)
+    max, min, amax, amin = lift(rd.max), lift(rd.min), lift(rd.amax), lift(rd.amin)
+    argmax, argmin = lift(rd.argmax), lift(rd.argmin)
+    var, std, logsumexp = lift(rd.var), lift(rd.std), lift(rd.logsumexp)
+    any, all = lift(rd.any), lift(rd.all)
+    cumsum = lift(ix.cumsum)
+
+    # ---- movement -----------------------------------------------------------------------------
+    reshape = view = lift(mv.reshape)
+    flatten, unflatten = lift(mv.flatten), lift(mv.unflatten)
+    squeeze, unsqueeze = lift(mv.squeeze), lift(mv.unsqueeze)
+    permute, transpose = lift(mv.permute), lift(mv.transpose)
+    expand, broadcast_to = lift(mv.expand), lift(mv.broadcast_to)
+    flip, repeat, narrow = lift(mv.flip), lift(mv.repeat), lift(mv.narrow)
+    split, chunk, unbind = lift(mv.split), lift(mv.chunk), lift(mv.unbind)
+    tril, triu, contiguous = lift(mv.tril), lift(mv.triu), lift(mv.contiguous)
+    T = property(lift(mv.T))
+    mT = property(lambda self: self.transpose(-2, -1))
+
+    def t(self):
+        if self.ndim > 2:
+            raise ShapeError(f"t() expects a tensor with <= 2 dimensions, got {self.ndim}")
+        return self.T
+
+    def view_as(self, other):
+        return self.reshape(other.shape)
+
+    reshape_as = view_as
+
+    def expand_as(self, other):
+        return self.expand(other.shape)
+
+    # ---- indexing and linear algebra ------------------------------------------------------------
+    gather, scatter_add = lift(ix.gather), lift(ix.scatter_add)
+    index_select, index_add = lift(ix.index_select), lift(ix.index_add)
+    reindex, reindex_reduce = lift(ix.reindex), lift(ix.reindex_reduce)
+    matmul = mm = bmm = lift(linalg.matmul)
+
+    def dot(self, other):
+        if self.ndim != 1 or other.ndim != 1:
+            raise ShapeError(f"dot: 1-D tensors expected, got {self.shape} and {other.shape}")
+        return self @ other
+
+
+def _gradient_for(output, gradient):
+    node = gradient.node if isinstance(gradient, Tensor) else m.const(gradient, (), output.dtype)
+    if node.shape != output.shape:
+        node = m.expand(node, m.broadcast_shape("backward", node.shape, output.shape))
+        if node.shape != output.shape:
+            fail(ShapeError, "backward", f"gradient of shape {node.shape} does not match the "
+                                         f"output's shape {output.shape}")
+    return m.cast(node, output.dtype)
