@@ -69,3 +69,6 @@ matmul = mm = bmm = _lift(_linalg.matmul)
 def one_hot(x, num_classes=-1):
     """Integer class indices as int64 one-hot vectors (num_classes=-1 reads the maximum: a sync)."""
     return Tensor(_ix.one_hot(x.node, num_classes, _realize))
+
+
+from metagraph import nn  # noqa: E402  (nn builds on everything above)

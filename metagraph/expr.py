@@ -142,6 +142,7 @@ _AST_BINARY = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", as
 _AST_COMPARE = {ast.Lt: "<", ast.LtE: "<=", ast.Eq: "==", ast.NotEq: "!="}
 _VAR_NAME = re.compile(r"i(\d+)\Z")
 _EXTRA_CALL = re.compile(r"@e(\d+)\s*\(")
+_EXTRA_NAME = re.compile(r"__extra(\d+)\Z")
 
 
 def parse(text, num_vars, num_extras=0):
@@ -197,7 +198,7 @@ class _Parser:
         if isinstance(node, ast.IfExp):
             return Select(self.visit(node.test), self.visit(node.body), self.visit(node.orelse))
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
-            return self.call(node.func.id, [self.visit(arg) for arg in node.args])
+            return self.call(node.func.id, node.args)
         self.error(f"unsupported syntax {ast.dump(node)[:60]}; allowed: integers, i0.., + - * // %, "
                    "min, max, comparisons, and/or (&&, ||), 'a if c else b', @e0(...)")
 
@@ -214,6 +215,10 @@ class _Parser:
         return result
 
     def call(self, name, args):
+        extra = _EXTRA_NAME.match(name)
+        if name not in ("min", "max") and not extra:
+            self.error(f"unknown function {name!r}; allowed: min, max, @eK(...)")
+        args = [self.visit(arg) for arg in args]
         if name in ("min", "max"):
             if len(args) < 2:
                 self.error(f"{name}() takes at least two arguments")
@@ -221,9 +226,7 @@ class _Parser:
             for arg in args[1:]:
                 result = Binary(name, result, arg)
             return result
-        if name.startswith("__extra"):
-            index = int(name[len("__extra"):])
-            if index >= self.num_extras:
-                self.error(f"@e{index} names extra {index}, but {self.num_extras} extras were given")
-            return Extra(index, tuple(args))
-        self.error(f"unknown function {name!r}; allowed: min, max, @eK(...)")
+        index = int(extra.group(1))
+        if index >= self.num_extras:
+            self.error(f"@e{index} names extra {index}, but {self.num_extras} extras were given")
+        return Extra(index, tuple(args))

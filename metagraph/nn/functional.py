@@ -1,6 +1,6 @@
 """PyTorch's torch.nn.functional, on metagraph Tensors (each a composition of meta-ops)."""
 from metagraph import creation
-from metagraph.ops import conv, loss as ls, math as m
+from metagraph.ops import conv, loss as ls, math as m, movement as mv
 from metagraph.tensor import Tensor, lift
 
 relu, gelu, silu, softplus = lift(m.relu), lift(m.gelu), lift(m.silu), lift(m.softplus)
@@ -16,6 +16,7 @@ binary_cross_entropy_with_logits = lift(ls.binary_cross_entropy_with_logits)
 binary_cross_entropy = lift(ls.binary_cross_entropy)
 layer_norm, group_norm = lift(ls.layer_norm), lift(ls.group_norm)
 embedding = lift(ls.embedding)
+pad = lift(mv.pad)
 
 
 def relu6(x):

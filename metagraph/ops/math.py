@@ -231,15 +231,25 @@ def tanh(x):
     return where(lt(abs_(x), 0.1), poly, large)
 
 
-def erf(x):
-    """Error function (Abramowitz & Stegun 7.1.26: absolute error below 1.5e-7)."""
+def erfc(x):
+    """Complementary error function (a Chebyshev fit with relative error below 1.2e-7)."""
     x = floating(x)
-    a = abs_(x)
-    t = recip(a * 0.3275911 + 1.0)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027
-                + t * 1.061405429))))
-    y = 1.0 - poly * exp(-(a * a))
-    return where(lt(x, 0.0), -y, y)
+    z = abs_(x)
+    t = recip(z * 0.5 + 1.0)
+    poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806
+            + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223
+            + t * 0.17087277))))))))
+    tail = t * exp(poly - z * z)
+    return where(lt(x, 0.0), 2.0 - tail, tail)
+
+
+def erf(x):
+    """Error function: a Taylor series near 0 (exact in float32), 1 - erfc elsewhere."""
+    x = floating(x)
+    x2 = x * x
+    series = x * (2 / math.sqrt(math.pi)) * (1.0 + x2 * (-1 / 3 + x2 * (1 / 10 + x2 * (-1 / 42
+                 + x2 * (1 / 216 + x2 * (-1 / 1320 + x2 * (1 / 9360 - x2 / 75600)))))))
+    return where(lt(abs_(x), 0.5), series, 1.0 - erfc(x))
 
 
 def relu(x):
@@ -253,7 +263,7 @@ def gelu(x, approximate="none"):
         return x * 0.5 * (tanh((x + x * x * x * 0.044715) * math.sqrt(2 / math.pi)) + 1.0)
     if approximate != "none":
         fail(ValueError, "gelu", f"approximate must be 'none' or 'tanh', got {approximate!r}")
-    return x * 0.5 * (erf(x * (1 / math.sqrt(2))) + 1.0)
+    return x * 0.5 * erfc(x * (-1 / math.sqrt(2)))     # erfc keeps the negative tail accurate
 
 
 def silu(x):

@@ -153,11 +153,11 @@ def full(value, like):
     return apply("const", value=value, shape=like.shape, dtype=like.dtype)
 
 
-def where(cond, a, b):
-    """where() with scalar branches filled to the other branch's shape and dtype."""
-    like = a if isinstance(a, Node) else b
-    a = a if isinstance(a, Node) else full(a, like)
-    b = b if isinstance(b, Node) else full(b, like)
+def where(cond, a, b, dtype=None):
+    """where() whose scalar branches take cond's shape and the other branch's dtype (or `dtype`)."""
+    dtype = dtype or (a.dtype if isinstance(a, Node) else b.dtype)
+    a = a if isinstance(a, Node) else apply("const", value=a, shape=cond.shape, dtype=dtype)
+    b = b if isinstance(b, Node) else apply("const", value=b, shape=cond.shape, dtype=dtype)
     return apply("where", cond, a, b)
 
 
@@ -183,7 +183,7 @@ def reduce_like(x, op, attrs):
 
 
 def max_grad(g, y, a, b):
-    share_a = where(cmplt(b, a), 1, where(cmpne(a, b), 0, 0.5))   # ties split the gradient
+    share_a = where(cmplt(b, a), 1.0, where(cmpne(a, b), 0.0, 0.5, a.dtype))   # ties split
     return g * share_a, g * (1 - share_a)
 
 
@@ -193,14 +193,14 @@ def reduce_grad(g, y, x):
     if attrs["op"] == "add":
         return (back(g),)
     if attrs["op"] == "max":                                       # shared among the maxima
-        is_max = cmpne(x, back(y))
-        count = reduce_like(where(is_max, 0, 1), "add", attrs)
-        return (where(is_max, 0, back(g / count)),)
+        not_max = cmpne(x, back(y))
+        count = reduce_like(where(not_max, 0.0, 1.0, x.dtype), "add", attrs)
+        return (where(not_max, 0.0, back(g / count)),)
     nonzero = cmpne(x, 0)                                          # mul: exact with zeros
-    safe_x = where(nonzero, x, 1)
-    zeros = back(reduce_like(where(nonzero, 0, 1), "add", attrs))
+    safe_x = where(nonzero, x, 1.0)
+    zeros = back(reduce_like(where(nonzero, 0.0, 1.0, x.dtype), "add", attrs))
     others = back(reduce_like(safe_x, "mul", attrs))
-    one_zero = where(cmpne(zeros, 1), 0, where(nonzero, 0, back(g) * others))
+    one_zero = where(cmpne(zeros, 1), 0.0, where(nonzero, 0.0, back(g) * others))
     return (where(cmpne(zeros, 0), one_zero, back(g) * back(y) / safe_x),)
 
 
@@ -218,10 +218,10 @@ def reindex_reduce_grad(g, y, x, *extras):
     if attrs["op"] == "add":
         return (gather(g, 0),) + (None,) * len(extras)
     inside = gather(apply("const", value=True, shape=y.shape, dtype=dtypes.bool_), False)
-    is_max = where(inside, cmpne(x, gather(y, 0)), True)
-    count = apply("reindex_reduce", where(is_max, 0, 1), *extras, op="add", shape=y.shape,
+    not_max = where(inside, cmpne(x, gather(y, 0)), True)
+    count = apply("reindex_reduce", where(not_max, 0.0, 1.0, x.dtype), *extras, op="add", shape=y.shape,
                   index_map=attrs["index_map"], checked=False)
-    return (where(is_max, 0, gather(g / count, 0)),) + (None,) * len(extras)
+    return (where(not_max, 0.0, gather(g / count, 0)),) + (None,) * len(extras)
 
 
 def unary(name, dtype_rule, grad, doc):
@@ -252,7 +252,7 @@ ROWS = [
     binary("cmplt", to_bool, None, "a < b"),
     binary("cmpne", to_bool, None, "a != b (True for NaN)"),
     MetaOp("where", ELEMENTWISE, "cond a b", (), where_shape, where_dtype,
-           lambda g, y, c, a, b: (None, where(c, g, 0), where(c, 0, g)), "a where cond else b"),
+           lambda g, y, c, a, b: (None, where(c, g, 0.0), where(c, 0.0, g)), "a where cond else b"),
     MetaOp("reduce", REDUCE, "x", ("op", "axes", "keepdim"), reduce_shape, first_dtype,
            reduce_grad, "add, mul or max over axes (float16 accumulates in float32)"),
     MetaOp("reindex", VIEW, "x *extras", ("shape", "index_map", "fill", "checked"),
