@@ -9,7 +9,8 @@ from metagraph.creation import (arange, empty, eye, full, full_like, linspace, o
                                 zeros_like)
 from metagraph.dtypes import (bool_ as bool, float16, float32, float64, int8, int16, int32, int64,
                               uint8)
-from metagraph.errors import DTypeError, ExprError, IndexOutOfRange, MetagraphError, ShapeError
+from metagraph.errors import (ArgumentError, DTypeError, ExprError, IndexOutOfRange, MetagraphError,
+                              ShapeError)
 from metagraph.grad import enable_grad, grad, no_grad, set_grad_enabled
 from metagraph.ops import index as _ix, linalg as _linalg, math as _m, movement as _mv
 from metagraph.ops import reduce as _rd

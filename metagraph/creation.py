@@ -4,7 +4,7 @@ import math
 import numpy as np
 
 from metagraph import dtypes
-from metagraph.errors import DTypeError, ShapeError, fail
+from metagraph.errors import ArgumentError, DTypeError, ShapeError, fail
 from metagraph.ops import math as m
 from metagraph.ops.node import Node
 from metagraph.ops.table import apply
@@ -78,7 +78,7 @@ def arange(start, end=None, step=1, dtype=None, requires_grad=False):
     if end is None:
         start, end = 0, start
     if step == 0:
-        fail(ValueError, "arange", "step must be nonzero")
+        fail(ArgumentError, "arange", "step must be nonzero")
     count = max(math.ceil((end - start) / step), 0)
     if dtype is None:
         dtype = dtypes.default_float if any(isinstance(v, float) for v in (start, end, step)) \
@@ -95,7 +95,7 @@ def linspace(start, end, steps, dtype=None, requires_grad=False):
     """`steps` values evenly spaced from start to end, both included."""
     dtype = dtypes.as_dtype(dtype) or dtypes.default_float
     if steps < 0:
-        fail(ValueError, "linspace", f"number of steps must be non-negative, got {steps}")
+        fail(ArgumentError, "linspace", f"number of steps must be non-negative, got {steps}")
     step = (end - start) / (steps - 1) if steps > 1 else 0.0
     i = m.cast(apply("index", shape=(steps,), axis=0, dtype=dtypes.int64), dtypes.float64)
     # symmetric, as PyTorch: the second half counts back from the end
@@ -129,7 +129,7 @@ def randint(low, high=None, size=(), dtype=None):
     if high is None:
         low, high = 0, low
     if high <= low:
-        fail(ValueError, "randint", f"high ({high}) must be greater than low ({low})")
+        fail(ArgumentError, "randint", f"high ({high}) must be greater than low ({low})")
     return from_numpy_array(generator().integers(low, high, _size(size)),
                             dtypes.as_dtype(dtype) or dtypes.int64)
 

@@ -13,6 +13,10 @@ class ShapeError(MetagraphError, ValueError):
     """Operands whose shapes do not fit the operation."""
 
 
+class ArgumentError(MetagraphError, ValueError):
+    """An argument outside what the operation accepts (a mode, a probability, a size)."""
+
+
 class DTypeError(MetagraphError, TypeError):
     """Operands whose dtypes do not fit the operation."""
 

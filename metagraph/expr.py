@@ -206,8 +206,8 @@ class _Parser:
         parts = [self.visit(node.left)] + [self.visit(c) for c in node.comparators]
         result = None
         for op, left, right in zip(node.ops, parts, parts[1:]):
-            if isinstance(op, (ast.Gt, ast.GtE)):
-                op, left, right = (ast.Lt if isinstance(op, ast.Gt) else ast.LtE), right, left
+            if isinstance(op, (ast.Gt, ast.GtE)):          # a > b is b < a
+                op, left, right = (ast.Lt() if isinstance(op, ast.Gt) else ast.LtE()), right, left
             if type(op) not in _AST_COMPARE:
                 self.error(f"unsupported comparison {type(op).__name__}")
             term = Binary(_AST_COMPARE[type(op)], left, right)

@@ -1,6 +1,7 @@
 """The user's side of autograd: mg.grad (Jittor habit) and the no_grad switches."""
 import contextlib
 
+from metagraph.errors import ArgumentError
 from metagraph.ops import autograd
 from metagraph.ops import math as m
 from metagraph.ops.node import GradMode
@@ -13,7 +14,7 @@ def grad(output, inputs, grad_output=None, create_graph=False):
     inputs = [inputs] if single else list(inputs)
     if grad_output is None:
         if output.numel() != 1:
-            raise ValueError(f"grad(): grad can be implicitly created only for scalar outputs, "
+            raise ArgumentError(f"grad(): grad can be implicitly created only for scalar outputs, "
                              f"got shape {output.shape}; pass grad_output=")
         seed = m.const(1, output.shape, output.dtype)
     else:

@@ -9,7 +9,7 @@ import weakref
 import numpy as np
 
 from metagraph import backend, dtypes
-from metagraph.errors import DTypeError, MetagraphError, ShapeError, fail
+from metagraph.errors import ArgumentError, DTypeError, MetagraphError, ShapeError, fail
 from metagraph.ops import autograd, index as ix, linalg, math as m, movement as mv, reduce as rd
 from metagraph.ops.node import GradMode, Node, detach
 
@@ -102,7 +102,7 @@ class Tensor:
 
     def item(self):
         if self.numel() != 1:
-            raise ValueError(f"item(): a tensor with {self.numel()} elements cannot be converted "
+            raise ArgumentError(f"item(): a tensor with {self.numel()} elements cannot be converted "
                              "to a Python scalar")
         return self.numpy().reshape(()).item()
 
@@ -111,7 +111,7 @@ class Tensor:
 
     def __bool__(self):
         if self.numel() != 1:
-            raise RuntimeError(f"the truth value of a tensor with {self.numel()} elements is "
+            raise MetagraphError(f"the truth value of a tensor with {self.numel()} elements is "
                                "ambiguous")
         return bool(self.item())
 

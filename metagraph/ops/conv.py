@@ -6,7 +6,7 @@ padding is the reindex fill, so no padded copy and no im2col buffer exists in th
 import numpy as np
 
 from metagraph import dtypes
-from metagraph.errors import DTypeError, ShapeError, fail
+from metagraph.errors import ArgumentError, DTypeError, ShapeError, fail
 from metagraph.expr import Const, Extra, Select, Var, binary
 from metagraph.ops import math as m
 from metagraph.ops.movement import reshape, view
@@ -53,7 +53,7 @@ def _padding(op, padding, kernel, dilation, stride):
         return ((0, 0), (0, 0))
     if padding == "same":
         if stride != (1, 1):
-            fail(ValueError, op, "padding='same' needs stride 1")
+            fail(ArgumentError, op, "padding='same' needs stride 1")
         totals = [d * (k - 1) for d, k in zip(dilation, kernel)]
         return tuple((t // 2, t - t // 2) for t in totals)
     return tuple((p, p) for p in pair(op, padding, "padding"))
@@ -235,11 +235,11 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
     if x.ndim != 4:
         fail(ShapeError, "interpolate", f"expects 4-D NCHW input, got {x.shape}")
     if (size is None) == (scale_factor is None):
-        fail(ValueError, "interpolate", "give exactly one of size and scale_factor")
+        fail(ArgumentError, "interpolate", "give exactly one of size and scale_factor")
     if mode not in ("nearest", "bilinear"):
-        fail(ValueError, "interpolate", f"mode must be 'nearest' or 'bilinear', got {mode!r}")
+        fail(ArgumentError, "interpolate", f"mode must be 'nearest' or 'bilinear', got {mode!r}")
     if mode == "nearest" and align_corners is not None:
-        fail(ValueError, "interpolate", "align_corners only applies to bilinear mode")
+        fail(ArgumentError, "interpolate", "align_corners only applies to bilinear mode")
     n, c, h, w = x.shape
     scales = (None, None) if scale_factor is None else (
         (scale_factor, scale_factor) if not isinstance(scale_factor, (tuple, list)) else scale_factor)

@@ -6,7 +6,7 @@ inside the index map as extras (`@e0(...)`), with out-of-range indices an error.
 import numpy as np
 
 from metagraph import dtypes
-from metagraph.errors import IndexOutOfRange, MetagraphError, ShapeError, DTypeError, fail
+from metagraph.errors import ArgumentError, IndexOutOfRange, MetagraphError, ShapeError, DTypeError, fail
 from metagraph.expr import Extra, Select, Var, binary, lift, parse
 from metagraph.ops import math as m
 from metagraph.ops.movement import normalize_dim, slice_dim, unsqueeze, view
@@ -225,7 +225,7 @@ def reindex_reduce(x, op, shape, indexes, extras=()):
     """out[indexes...] op= x[i0, i1, ...]; indexes are over x's loop variables."""
     shape = tuple(shape)
     if op not in _REDUCE_OPS:
-        fail(ValueError, "reindex_reduce", f"op must be one of {', '.join(_REDUCE_OPS)}, got {op!r}")
+        fail(ArgumentError, "reindex_reduce", f"op must be one of {', '.join(_REDUCE_OPS)}, got {op!r}")
     if len(indexes) != len(shape):
         fail(ShapeError, "reindex_reduce", f"{len(indexes)} index expressions for a "
                                            f"{len(shape)}-D output")

@@ -1,6 +1,6 @@
 """Softmax, losses and normalisation layers as compositions of meta-ops."""
 from metagraph import dtypes
-from metagraph.errors import DTypeError, ShapeError, fail
+from metagraph.errors import ArgumentError, DTypeError, ShapeError, fail
 from metagraph.expr import Extra, Var
 from metagraph.ops import math as m
 from metagraph.ops import reduce as rd
@@ -31,7 +31,7 @@ def _reduce_loss(op, loss, reduction):
         return rd.sum(loss)
     if reduction == "none":
         return loss
-    fail(ValueError, op, f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    fail(ArgumentError, op, f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
 def nll_loss(logp, target, weight=None, ignore_index=-100, reduction="mean"):
@@ -150,7 +150,7 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
     if training:
         count = x.numel // x.shape[1]
         if count <= 1:
-            fail(ValueError, "batch_norm", f"expected more than 1 value per channel when training, "
+            fail(ArgumentError, "batch_norm", f"expected more than 1 value per channel when training, "
                                            f"got input {x.shape}")
         mean = rd.mean(x, axes, keepdim=True)
         var = rd.mean((x - mean) * (x - mean), axes, keepdim=True)
@@ -161,7 +161,7 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
             running_var = running_var * (1 - momentum) + batch_var * momentum
     else:
         if running_mean is None or running_var is None:
-            fail(ValueError, "batch_norm", "running_mean and running_var are needed in eval mode")
+            fail(ArgumentError, "batch_norm", "running_mean and running_var are needed in eval mode")
         mean, var = _channel_view(running_mean, x.ndim), _channel_view(running_var, x.ndim)
     out = (x - mean) * m.rsqrt(var + eps)
     if weight is not None:
@@ -200,7 +200,7 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
 def dropout(x, p, uniform):
     """Zero where uniform < p and scale the rest by 1/(1-p); `uniform` holds U[0,1) samples."""
     if not 0 <= p <= 1:
-        fail(ValueError, "dropout", f"probability must be in [0, 1], got {p}")
+        fail(ArgumentError, "dropout", f"probability must be in [0, 1], got {p}")
     if p == 1:
         return x * 0.0
     return m.where(m.lt(uniform, p), 0.0, x * (1.0 / (1.0 - p)))

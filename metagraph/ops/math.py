@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from metagraph import dtypes
-from metagraph.errors import DTypeError, ShapeError, fail
+from metagraph.errors import ArgumentError, DTypeError, ShapeError, fail
 from metagraph.expr import Const, Var
 from metagraph.ops.node import Node, detach
 from metagraph.ops.table import apply
@@ -53,7 +53,7 @@ def cast(x, dtype):
 
 def broadcast_shape(op, *shapes):
     """NumPy's broadcasting rule, with an error that names the op."""
-    ndim = max(len(s) for s in shapes)
+    ndim = max((len(s) for s in shapes), default=0)
     result = []
     for axis in range(ndim):
         sizes = {s[axis - ndim + len(s)] for s in shapes if axis - ndim + len(s) >= 0} - {1}
@@ -89,7 +89,7 @@ def floating(x):
 
 
 def _no_bool(op, *xs):
-    if any(is_node(x) and x.dtype == dtypes.bool_ for x in xs):
+    if any((is_node(x) and x.dtype == dtypes.bool_) or isinstance(x, bool) for x in xs):
         fail(DTypeError, op, "is not defined for bool tensors; use logical ops instead")
 
 
@@ -147,7 +147,7 @@ def pow(x, exponent):
         n = int(exponent)
         x = cast(x, result_type(x, exponent))
         if n < 0 and not x.dtype.is_float:
-            fail(ValueError, "pow", "integers to negative integer powers are not allowed")
+            fail(ArgumentError, "pow", "integers to negative integer powers are not allowed")
         result, base = None, x
         for bit in bin(abs(n))[2:][::-1]:
             if bit == "1":
@@ -159,13 +159,27 @@ def pow(x, exponent):
         return sqrt(x)
     x, exponent = operands("pow", x, exponent)
     if not x.dtype.is_float:
-        x, exponent = floating(x), floating(exponent)
+        return _integer_pow(x, exponent)
     magnitude = exp2(exponent * log2(abs_(x)))
     whole = eq(floor(exponent), exponent)
     odd = logical_and(whole, ne(remainder(exponent, 2.0), 0.0))
     negative_base = where(whole, where(odd, -magnitude, magnitude), math.nan)
     result = where(lt(x, 0.0), negative_base, magnitude)
     return where(eq(exponent, 0.0), 1.0, result)
+
+
+def _integer_pow(x, exponent):
+    """Exact integer powers by binary exponentiation over the exponent's bits (wrapping as C does).
+
+    A negative exponent gives the result truncated toward zero: 0 unless |x| is 1."""
+    result, base = const(1, x.shape, x.dtype), x
+    for bit in range(8 * x.dtype.itemsize - 1):
+        result = where(ne(bitwise_and(exponent, 1 << bit), 0), result * base, result)
+        base = base * base
+    odd = ne(bitwise_and(exponent, 1), 0)
+    one, minus_one = const(1, x.shape, x.dtype), const(-1, x.shape, x.dtype)
+    truncated = where(eq(x, 1), one, where(eq(x, -1), where(odd, minus_one, one), 0))
+    return where(lt(exponent, 0), truncated, result)
 
 
 def recip(x):
@@ -262,7 +276,7 @@ def gelu(x, approximate="none"):
     if approximate == "tanh":
         return x * 0.5 * (tanh((x + x * x * x * 0.044715) * math.sqrt(2 / math.pi)) + 1.0)
     if approximate != "none":
-        fail(ValueError, "gelu", f"approximate must be 'none' or 'tanh', got {approximate!r}")
+        fail(ArgumentError, "gelu", f"approximate must be 'none' or 'tanh', got {approximate!r}")
     return x * 0.5 * erfc(x * (-1 / math.sqrt(2)))     # erfc keeps the negative tail accurate
 
 
@@ -379,7 +393,7 @@ def where(cond, a, b):
 def clamp(x, min=None, max=None):
     """x limited to [min, max]; the gradient passes where x is inside, boundaries included."""
     if min is None and max is None:
-        fail(ValueError, "clamp", "at least one of min and max must be given")
+        fail(ArgumentError, "clamp", "at least one of min and max must be given")
     if min is not None:
         x = where(lt(x, min), min, x)
     if max is not None:

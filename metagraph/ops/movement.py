@@ -1,6 +1,6 @@
 """Movement: every reshape, permutation, slice, pad or tiling is a `reindex` view (no copy)."""
 from metagraph import dtypes
-from metagraph.errors import IndexOutOfRange, ShapeError, fail
+from metagraph.errors import ArgumentError, IndexOutOfRange, ShapeError, fail
 from metagraph.expr import Const, Var, binary
 from metagraph.ops import math as m
 from metagraph.ops.table import apply
@@ -199,7 +199,7 @@ def pad(x, pad, mode="constant", value=0.0):
             elif mode == "circular":
                 i = i % size
             else:
-                fail(ValueError, "pad", f"unknown mode {mode!r}; expected constant, reflect, "
+                fail(ArgumentError, "pad", f"unknown mode {mode!r}; expected constant, reflect, "
                                         "replicate or circular")
         shape.append(out)
         index_map.append(i)
@@ -246,7 +246,7 @@ def split(x, split_size_or_sections, dim=0):
     if isinstance(split_size_or_sections, int):
         step = split_size_or_sections
         if step <= 0:
-            fail(ValueError, "split", f"split size must be positive, got {step}")
+            fail(ArgumentError, "split", f"split size must be positive, got {step}")
         sections = [min(step, size - start) for start in range(0, size, step)] or [0]
     else:
         sections = list(split_size_or_sections)
@@ -262,7 +262,7 @@ def split(x, split_size_or_sections, dim=0):
 def chunk(x, chunks, dim=0):
     dim = normalize_dim("chunk", x.ndim, dim)
     if chunks <= 0:
-        fail(ValueError, "chunk", f"chunks must be positive, got {chunks}")
+        fail(ArgumentError, "chunk", f"chunks must be positive, got {chunks}")
     step = -(-x.shape[dim] // chunks)
     return split(x, max(step, 1), dim)
 

@@ -1,0 +1,103 @@
+"""Autograd: backward/grad semantics, leaves, detach, no_grad, accumulation."""
+import numpy as np
+import pytest
+
+import metagraph as mg
+
+
+def test_backward_accumulates_into_leaves():
+    w = mg.tensor([1.0, 2.0], requires_grad=True)
+    (w * w).sum().backward()
+    (w * 3).sum().backward()
+    np.testing.assert_array_equal(w.grad.numpy(), [5, 7])
+    assert w.is_leaf and w.grad.requires_grad is False
+
+
+def test_grad_returns_zeros_for_unused_inputs():
+    a = mg.tensor([1.0, 2.0], requires_grad=True)
+    b = mg.tensor([3.0], requires_grad=True)
+    ga, gb = mg.grad((a * 2).sum(), [a, b])
+    np.testing.assert_array_equal(ga.numpy(), [2, 2])
+    np.testing.assert_array_equal(gb.numpy(), [0])
+
+
+def test_grad_with_respect_to_an_intermediate():
+    a = mg.tensor([1.0, 2.0], requires_grad=True)
+    h = a * 3
+    g = mg.grad((h * h).sum(), h)
+    np.testing.assert_array_equal(g.numpy(), [6, 12])
+
+
+def test_non_scalar_backward_needs_a_gradient():
+    x = mg.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(mg.MetagraphError, match="scalar outputs"):
+        (x * 2).backward()
+    (x * 2).backward(mg.tensor([1.0, 10.0]))
+    np.testing.assert_array_equal(x.grad.numpy(), [2, 20])
+
+
+def test_detach_and_no_grad_cut_history():
+    x = mg.tensor([1.0, 2.0], requires_grad=True)
+    y = x.detach() * x
+    g, = mg.grad(y.sum(), [x])
+    np.testing.assert_array_equal(g.numpy(), [1, 2])
+    with mg.no_grad():
+        z = x * 2
+    assert not z.requires_grad
+    with mg.set_grad_enabled(False):
+        with mg.enable_grad():
+            assert (x * 2).requires_grad
+
+
+def test_integer_tensors_cannot_require_grad():
+    with pytest.raises(TypeError, match="floating-point"):
+        mg.tensor([1, 2], requires_grad=True)
+
+
+def test_backward_on_tensor_without_history_is_an_error():
+    with pytest.raises(mg.MetagraphError, match="does not require grad"):
+        mg.ones(1).sum().backward()
+
+
+def test_gradient_after_realising_the_forward_value():
+    x = mg.tensor([1.0, 2.0], requires_grad=True)
+    loss = (x.exp() * x).sum()
+    loss.item()                       # realised first: the history stays for backward
+    loss.backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.exp([1, 2]) * (1 + np.array([1, 2])), rtol=1e-6)
+
+
+def test_parameter_update_under_no_grad_keeps_a_fresh_leaf():
+    w = mg.tensor([1.0, 2.0], requires_grad=True)
+    for _ in range(3):
+        loss = (w * w).sum()
+        g, = mg.grad(loss, [w])
+        with mg.no_grad():
+            w -= g * 0.25
+    assert w.is_leaf and w.requires_grad
+    np.testing.assert_allclose(w.numpy(), [0.125, 0.25])
+    assert w.node.inputs == () or w.node.leaf
+
+
+def test_data_setter_and_assign_keep_leaf_status():
+    w = mg.tensor([1.0], requires_grad=True)
+    w.data = w * 2
+    assert w.is_leaf and w.requires_grad and w.item() == 2.0
+    w.assign(mg.tensor([5.0]))
+    assert w.requires_grad and w.item() == 5.0
+
+
+def test_deep_chain_does_not_hit_the_recursion_limit():
+    x = mg.tensor([1.0], requires_grad=True)
+    y = x
+    for _ in range(3000):
+        y = y + 1.0
+    g, = mg.grad(y.sum(), [x])
+    assert y.item() == 3001.0 and g.item() == 1.0
+
+
+def test_create_graph_gives_second_derivatives():
+    x = mg.tensor([2.0], requires_grad=True)
+    g, = mg.grad((x * x * x).sum(), [x], create_graph=True)
+    gg, = mg.grad(g.sum(), [x])
+    assert g.item() == 12.0 and gg.item() == 12.0
