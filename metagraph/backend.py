@@ -1,12 +1,25 @@
 """Which backend realises graphs, and the one call through which every value is computed."""
 import sys
+import warnings
 
 from metagraph import flags
-from metagraph.codegen.interpreter import NumpyBackend
 from metagraph.errors import MetagraphError
 
-BACKENDS = {"numpy": NumpyBackend}
 _active = None
+
+
+def _numpy():
+    from metagraph.codegen.interpreter import NumpyBackend
+    return NumpyBackend()
+
+
+def _c():
+    from metagraph.codegen.c import CBackend
+    return CBackend()
+
+
+BACKENDS = {"c": _c, "numpy": _numpy}
+DEFAULT_ORDER = ("c", "numpy")
 
 
 def set_backend(name):
@@ -18,9 +31,19 @@ def set_backend(name):
 
 
 def get_backend():
-    """The name of the active backend."""
+    """The name of the active backend (chosen on first use: METAGRAPH_BACKEND, else the first that works)."""
+    global _active
     if _active is None:
-        set_backend(flags.BACKEND or "numpy")
+        if flags.BACKEND:
+            set_backend(flags.BACKEND)
+        else:
+            for name in DEFAULT_ORDER:
+                try:
+                    _active = BACKENDS[name]()
+                    break
+                except MetagraphError as error:
+                    warnings.warn(f"metagraph: backend {name!r} is unavailable ({str(error).splitlines()[0]}); "
+                                  "trying the next one", stacklevel=2)
     return _active.name
 
 
@@ -31,7 +54,6 @@ def realize(nodes):
         return
     get_backend()
     if flags.DEBUG:
-        print(f"metagraph: realise {len(pending)} node(s) on {_active.name}: "
-              f"{', '.join(map(repr, pending[:4]))}", file=sys.stderr)
+        print(f"metagraph: realise {len(pending)} node(s) on {_active.name}", file=sys.stderr)
     for node, array in zip(pending, _active.realize(pending)):
         node.set_buffer(array)

@@ -1,7 +1,12 @@
 """Every environment variable metagraph reads, in one place.
 
-METAGRAPH_BACKEND   backend to start with: numpy (more as code generators land)
-METAGRAPH_DEBUG     1: a line per realisation; 2: also the graph realised
+METAGRAPH_BACKEND      backend to start with: c (the default when a C compiler works) or numpy
+METAGRAPH_DEBUG        1: a line per kernel launch and compile; 2: also the generated source;
+                       3: also the fused graph of every new schedule
+METAGRAPH_CACHE_DIR    where compiled kernels are kept (default ~/.cache/metagraph)
+METAGRAPH_NUM_THREADS  OpenMP threads per kernel (default: the machine's cores)
+METAGRAPH_CHECK        1: run the numpy oracle beside every kernel and raise on the first mismatch
+CC                     the C compiler (default cc)
 """
 import os
 
@@ -16,3 +21,7 @@ def _int(name, default):
 
 BACKEND = os.environ.get("METAGRAPH_BACKEND", "")
 DEBUG = _int("METAGRAPH_DEBUG", 0)
+CACHE_DIR = os.environ.get("METAGRAPH_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                                   "metagraph")
+NUM_THREADS = _int("METAGRAPH_NUM_THREADS", os.cpu_count() or 1)
+CHECK = _int("METAGRAPH_CHECK", 0)

@@ -14,22 +14,24 @@ class NumpyBackend:
     """The reference interpreter."""
     name = "numpy"
 
-    def realize(self, outputs):
-        """Compute `outputs` (nodes whose inputs lead down to realised buffers) as numpy arrays."""
-        order = _topological(outputs)
+    def realize(self, outputs, known=None):
+        """Compute `outputs` (nodes whose inputs lead down to realised buffers) as numpy arrays.
+
+        `known` maps node ids to values already computed (they are not recomputed)."""
+        values = dict(known or {})
+        order = _topological(outputs, values)
         wanted = {node.id for node in outputs}
         uses = {}
         for node in order:
             for source in node.inputs:
                 uses[source.id] = uses.get(source.id, 0) + 1
-        values = {}
         with np.errstate(all="ignore"):
             for node in order:
                 args = [_value(source, values) for source in node.inputs]
                 values[node.id] = _owned(RULES[node.op](node, *args), node)
                 for source in node.inputs:
                     uses[source.id] -= 1
-                    if uses[source.id] == 0 and source.id not in wanted:
+                    if uses[source.id] == 0 and source.id not in wanted and source.id not in (known or {}):
                         values.pop(source.id, None)
         return [_value(node, values) for node in outputs]
 
@@ -38,12 +40,12 @@ def _value(node, values):
     return node.buffer if node.buffer is not None else values[node.id]
 
 
-def _topological(outputs):
+def _topological(outputs, known):
     """Unrealised nodes reachable from outputs, inputs first (iterative: graphs can be deep)."""
     order, seen, stack = [], set(), [(node, False) for node in outputs]
     while stack:
         node, expanded = stack.pop()
-        if node.buffer is not None or (node.id in seen and not expanded):
+        if node.buffer is not None or node.id in known or (node.id in seen and not expanded):
             continue
         if expanded:
             order.append(node)

@@ -1,0 +1,320 @@
+"""The `c` backend: kernel IR rendered to C99 + OpenMP, compiled by the system C compiler, loaded
+through cffi (ABI mode: one shared object per batch of new kernels, one compiler call).
+
+Templates hold the structure (loops, signatures); the scalar expression of each op comes from
+the tables below.
+"""
+import math
+import os
+import subprocess
+import sys
+
+import cffi
+import jinja2
+import numpy as np
+
+from metagraph import dtypes, flags
+from metagraph.codegen.compiled import CompiledBackend
+from metagraph.compiler import ir
+from metagraph.compiler.simplify import value_range
+from metagraph.errors import MetagraphError
+from metagraph.expr import Const, Extra, Select, Var
+from metagraph.runtime import profiler
+from metagraph.runtime.cache import KernelCache
+
+CTYPE = {"bool": "uint8_t", "uint8": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t",
+         "int64": "int64_t", "float16": "_Float16", "float32": "float", "float64": "double"}
+
+MATH = {"sqrt": "sqrt", "exp2": "exp2", "log2": "log2", "sin": "sin"}
+BINARY = {"add": "({0} + {1})", "mul": "({0} * {1})", "cmplt": "({0} < {1})", "cmpne": "({0} != {1})",
+          "and": "({0} & {1})", "or": "({0} | {1})", "xor": "({0} ^ {1})"}
+BOOL_BINARY = {"add": "({0} | {1})", "mul": "({0} & {1})"}
+INDEX_OPS = {"+": "+", "-": "-", "*": "*", "<": "<", "<=": "<=", "==": "==", "!=": "!=", "&&": "&&", "||": "||"}
+THREADS = flags.NUM_THREADS
+PARALLEL_WORK = 1 << 15     # loop nests with less work than this run on one thread
+
+
+class CompileError(MetagraphError):
+    """The C compiler rejected generated code."""
+
+
+def scalar(value, dtype):
+    """A C literal of `dtype`."""
+    if dtype == dtypes.bool_:
+        return "1" if value else "0"
+    if dtype.is_int:
+        value = int(value)
+        if dtype == dtypes.int64 and value == -2 ** 63:
+            return "(-INT64_C(9223372036854775807) - 1)"
+        return f"INT64_C({value})" if dtype == dtypes.int64 else f"(({CTYPE[dtype.name]}){value})"
+    value = float(value)
+    if math.isnan(value):
+        text = "NAN"
+    elif math.isinf(value):
+        text = "INFINITY" if value > 0 else "(-INFINITY)"
+    else:
+        text = repr(value)
+    return {"float32": f"((float){text})", "float64": f"((double){text})", "float16": f"((_Float16){text})"}[dtype.name]
+
+
+class Renderer:
+    """Renders one kernel's IR to the pieces the template lays out."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.extents = kernel.extents
+
+    def index(self, expr):
+        """An index expression as C (int64 arithmetic, floor semantics where signs need it)."""
+        if isinstance(expr, Var):
+            return f"i{expr.axis}"
+        if isinstance(expr, Const):
+            return f"INT64_C({expr.value})" if abs(expr.value) >= 2 ** 31 else str(expr.value)
+        if isinstance(expr, Select):
+            return f"({self.index(expr.cond)} ? {self.index(expr.a)} : {self.index(expr.b)})"
+        if isinstance(expr, Extra):
+            param = self.kernel.params[expr.index]
+            offset = Const(0)
+            strides = np.cumprod((1,) + tuple(reversed(param.shape[1:])))[::-1]
+            for arg, size, stride in zip(expr.args, param.shape, strides):
+                if size != 1:
+                    offset = offset + arg * int(stride)
+            return f"((int64_t)p{expr.index}[{self.index(offset)}])"
+        a, b = self.index(expr.a), self.index(expr.b)
+        if expr.op in ("//", "%"):
+            if isinstance(expr.b, Const) and expr.b.value > 0 and value_range(expr.a, self.extents)[0] >= 0:
+                return f"({a} {'/' if expr.op == '//' else '%'} {b})"
+            return f"{'mg_floordiv' if expr.op == '//' else 'mg_floormod'}({a}, {b})"
+        if expr.op in ("min", "max"):
+            compare = "<" if expr.op == "min" else ">"
+            return f"(({a}) {compare} ({b}) ? ({a}) : ({b}))"
+        return f"({a} {INDEX_OPS[expr.op]} {b})"
+
+    def value(self, value, lines, names):
+        """C for a value; non-trivial subexpressions become temporaries appended to `lines`."""
+        if id(value) in names:
+            return names[id(value)]
+        if isinstance(value, ir.Scalar):
+            return scalar(value.value, value.dtype)
+        if isinstance(value, ir.Ref):
+            return value.name
+        if isinstance(value, ir.IndexValue):
+            text = f"(({CTYPE[value.dtype.name]})({self.index(value.expr)}))"
+            dtype = value.dtype
+        elif isinstance(value, ir.Load):
+            text = f"p{value.param}[{self.index(value.index)}]"
+            if value.valid is not None:
+                text = f"({self.index(value.valid)} ? {text} : 0)"
+            dtype = value.dtype
+        elif isinstance(value, ir.Guard):
+            inner = self.value(value.value, lines, names)
+            dtype = value.value.dtype
+            cond = self.index(value.cond)
+            if value.valid is not None:
+                cond = f"(!{self.index(value.valid)} || {cond})"
+            fill = scalar(value.fill, dtype)
+            otherwise = f"(mg_fail(err, {value.check}), {fill})" if value.check else fill
+            text = f"({cond} ? {inner} : {otherwise})"
+        else:
+            args = [self.value(arg, lines, names) for arg in value.args]
+            text, dtype = self.apply(value, args), value.dtype
+        name = f"t{len(names)}"
+        names[id(value)] = name
+        lines.append(f"{CTYPE[dtype.name]} {name} = {text};")
+        return name
+
+    def apply(self, value, args):
+        op, dtype = value.op, value.dtype
+        source = value.args[0].dtype if value.args else dtype
+        if op == "neg":
+            return f"(-{args[0]})"
+        if op == "recip":
+            return f"({scalar(1, dtype)} / {args[0]})"
+        if op in MATH:
+            function = MATH[op]
+            if dtype == dtypes.float16:
+                return f"((_Float16){function}f((float){args[0]}))"
+            return f"{function}{'f' if dtype == dtypes.float32 else ''}({args[0]})"
+        if op == "cast":
+            if dtype == dtypes.bool_:
+                return f"({args[0]} != 0)"
+            return f"(({CTYPE[dtype.name]}){args[0]})"
+        if op == "max":
+            a, b = args
+            nan = f"{a} != {a} || " if source.is_float else ""
+            return f"(({nan}{a} > {b}) ? {a} : {b})"
+        if op == "where":
+            return f"({args[0]} ? {args[1]} : {args[2]})"
+        if op in ("idiv", "mod"):
+            helper = "mg_idiv" if op == "idiv" else "mg_imod"
+            return f"(({CTYPE[dtype.name]}){helper}({args[0]}, {args[1]}, err, {value.site}))"
+        if source == dtypes.bool_ and op in BOOL_BINARY:
+            return BOOL_BINARY[op].format(*args)
+        return BINARY[op].format(*args)
+
+    def statement(self, s):
+        """A statement as a dict the template understands."""
+        if isinstance(s, ir.Loop):
+            return {"kind": "loop", "var": s.var, "extent": s.extent, "pragma": self.pragma(s),
+                    "body": [self.statement(b) for b in s.body]}
+        lines, names = [], {}
+        if isinstance(s, ir.Define):
+            acc_type = CTYPE[s.dtype.name]
+            lines.append(f"{acc_type} {s.name} = {scalar(s.init, s.dtype)};")
+        elif isinstance(s, ir.Accumulate):
+            v = self.value(s.value, lines, names)
+            lines.append(self.combine(s.name, s.op, v, s.value.dtype))
+        elif isinstance(s, ir.Store):
+            v = self.value(s.value, lines, names)
+            lines.append(f"p{s.param}[{self.index(s.index)}] = {v};")
+        elif isinstance(s, ir.ScatterAccumulate):
+            v = self.value(s.value, lines, names)
+            target = f"p{s.param}[{self.index(s.index)}]"
+            update = self.combine(target, s.op, v, s.value.dtype)
+            if s.valid is None:
+                lines.append(update)
+            else:
+                fail = f" else {{ *err = {s.check}; }}" if s.check else ""
+                lines.append(f"if ({self.index(s.valid)}) {{ {update} }}{fail}")
+        return {"kind": "lines", "lines": lines}
+
+    @staticmethod
+    def combine(target, op, v, dtype):
+        if op == "add":
+            return f"{target} {'|' if dtype == dtypes.bool_ else '+'}= {v};"
+        if op == "mul":
+            return f"{target} {'&' if dtype == dtypes.bool_ else '*'}= {v};"
+        nan = f"{v} != {v} || " if dtype.is_float else ""
+        return f"if ({nan}{v} > {target}) {target} = {v};"
+
+    def pragma(self, loop):
+        if loop.kind != ir.PARALLEL or loop.extent < 2:
+            return None
+        work = _work(loop)
+        if work < PARALLEL_WORK:
+            return None
+        return f"parallel for schedule(static) num_threads({THREADS})"
+
+
+def _work(loop):
+    inner = [s for s in loop.body if isinstance(s, ir.Loop)]
+    return loop.extent * max([_work(s) for s in inner] or [1])
+
+
+_TEMPLATE = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(os.path.dirname(__file__), "templates")),
+                               keep_trailing_newline=True, trim_blocks=False, lstrip_blocks=False,
+                               undefined=jinja2.StrictUndefined).get_template("c.j2")
+
+
+def render(kernels):
+    """C source for a batch of kernels."""
+    views = []
+    for kernel in kernels:
+        renderer = Renderer(kernel)
+        params = [{"ctype": CTYPE[p.dtype.name], "output": p.output} for p in kernel.params]
+        views.append({"name": kernel.name, "params": params,
+                      "body": [renderer.statement(s) for s in kernel.body]})
+    return _TEMPLATE.render(kernels=views, names=[k.name for k in kernels])
+
+
+def compiler_command():
+    """The C compiler to use: $CC, else cc."""
+    return os.environ.get("CC") or "cc"
+
+
+# Not -O3: GCC 12.2 at -O3 -march=znver3 miscompiles a conditional sum in an inner loop (the values
+# of max(dim) read back through their indices: docs/architecture.md keeps the reproducer). -O2 with
+# the vectorizer at its -O3 cost model keeps the vectorisation without those extra loop transforms.
+COMPILE_FLAGS = ["-O2", "-ftree-vectorize", "-fvect-cost-model=dynamic", "-march=native", "-fPIC", "-shared",
+                 "-fopenmp", "-fwrapv", "-fno-math-errno", "-std=gnu11", "-pipe"]
+
+
+def compile_shared(source_path, output_path):
+    """Compile one C file into a shared object; raise CompileError with the compiler's output."""
+    command = [compiler_command(), *COMPILE_FLAGS, source_path, "-o", output_path, "-lm"]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise CompileError(f"could not run the C compiler {command[0]!r}: {error}") from None
+    if result.returncode != 0:
+        log_path = source_path + ".log"
+        with open(log_path, "w") as log:
+            log.write(" ".join(command) + "\n" + result.stdout + result.stderr)
+        raise CompileError(f"the C compiler failed on {source_path} (its output is in {log_path}):\n"
+                           f"{result.stderr[-2000:]}")
+
+
+def toolchain_identity():
+    """What goes into the cache key besides the source: compiler, version, flags, target CPU."""
+    command = compiler_command()
+    try:
+        version = subprocess.run([command, "--version"], capture_output=True, text=True, timeout=60).stdout
+        target = subprocess.run([command, "-march=native", "-Q", "--help=target"], capture_output=True,
+                                text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise CompileError(f"no working C compiler {command!r}: {error}") from None
+    march = [line.split()[-1] for line in target.splitlines() if line.strip().startswith("-march=")]
+    cpu_flags = ""
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu_flags = next((line for line in info if line.startswith("flags")), "")
+    except OSError:
+        pass
+    return "\n".join([command, version.splitlines()[0] if version else "", " ".join(COMPILE_FLAGS),
+                      ",".join(march), cpu_flags])
+
+
+class CBackend(CompiledBackend):
+    """Kernels as C, compiled by the system C compiler in batches, loaded through cffi."""
+    name = "c"
+
+    def __init__(self):
+        super().__init__()
+        self.cache = KernelCache(flags.CACHE_DIR, toolchain_identity())
+        self.ffi = cffi.FFI()
+        self.declared, self.libraries, self.functions = set(), {}, {}
+        self._probe()
+
+    def _probe(self):
+        """Compile a trivial kernel once, so that a broken compiler is found before any real work."""
+        with profiler.suspended():
+            self.load([ir.Kernel("probe_kernel", [], [])])
+
+    def load(self, kernels):
+        report = profiler.current()
+        sources = [render([kernel]) for kernel in kernels]
+        keys = [self.cache.key(source) for source in sources]
+        missing = list({key: i for i, key in enumerate(keys)
+                        if key not in self.functions and self.cache.find(key) is None}.values())
+        if missing:
+            batch = render([kernels[i] for i in missing])
+            path, source_path = self.cache.build(batch, [keys[i] for i in missing], compile_shared)
+            if flags.DEBUG:
+                print(f"metagraph: compiled {len(missing)} kernel(s) into {path}", file=sys.stderr)
+            if flags.DEBUG >= 2:
+                print(batch, file=sys.stderr)
+        if report is not None:
+            report.compiles += len(missing)
+            report.cache_hits += len(kernels) - len(missing)
+        functions = []
+        for kernel, key in zip(kernels, keys):
+            if key not in self.functions:
+                self.functions[key] = self._function(self.cache.find(key), kernel.name)
+            functions.append(self.functions[key])
+        return functions, sources
+
+    def _function(self, path, name):
+        if path is None:
+            raise CompileError(f"kernel {name} vanished from the cache directory {self.cache.directory}")
+        if name not in self.declared:
+            self.ffi.cdef(f"void {name}(char **, int64_t *);")
+            self.declared.add(name)
+        if path not in self.libraries:
+            self.libraries[path] = self.ffi.dlopen(path)
+        native = getattr(self.libraries[path], name)
+        ffi = self.ffi
+
+        def launch(arrays, error):
+            pointers = ffi.new("char *[]", [ffi.cast("char *", a.ctypes.data) for a in arrays])
+            native(pointers, ffi.cast("int64_t *", error.ctypes.data))
+        return launch

@@ -1,0 +1,68 @@
+"""Fusion: which nodes of the pending graph are materialised; everything else is inlined.
+
+The rules, in the order they apply:
+- requested outputs, `reduce`, `reindex_reduce` and `contiguous` are materialised (a reduce may
+  still fuse into its only consumer as an epilogue: see `lower.py`);
+- views (`reindex`, `const`, `index`) and element-wise nodes are inlined into their consumers;
+- an element-wise node read by more than one consumer is recomputed in each if it is cheap
+  (cost <= CHEAP_COST), materialised otherwise;
+- a computed value read through an expanding reindex (a broadcast or a window that reads each
+  element several times: a 3x3 conv reads its input nine times) is materialised unless cheap;
+- the integer index tensors (extras) of a reindex or reindex_reduce are materialised;
+- a chain of inlined nodes deeper than MAX_DEPTH is cut (bounded compile time and stack).
+Cost: 1 per element-wise op, TRANSCENDENTAL_COST per transcendental, 0 for views and loads.
+"""
+from metagraph.ops.table import ELEMENTWISE, TABLE
+
+CHEAP_COST = 6
+TRANSCENDENTAL_COST = 4
+TRANSCENDENTAL = {"recip", "sqrt", "exp2", "log2", "sin"}
+ALWAYS_MATERIALISED = {"reduce", "reindex_reduce", "contiguous"}
+MAX_DEPTH = 128
+
+
+def _consumers(graph):
+    count = [0] * len(graph.nodes)
+    for node in graph.nodes:
+        if node.buffer is None:
+            for source in node.inputs:
+                count[_pos(graph, source)] += 1
+    for out in graph.outputs:
+        count[out] += 1
+    return count
+
+
+def _pos(graph, node):
+    return graph.position[node.id]
+
+
+def materialised(graph):
+    """The positions of nodes that get their own buffer."""
+    consumers = _consumers(graph)
+    chosen = set(graph.outputs)
+    for k, node in enumerate(graph.nodes):
+        if node.buffer is None and node.op in ALWAYS_MATERIALISED:
+            chosen.add(k)
+        if node.buffer is None and node.op in ("reindex", "reindex_reduce"):
+            chosen.update(_pos(graph, extra) for extra in node.inputs[1:] if extra.buffer is None)
+    cost, depth = [0] * len(graph.nodes), [0] * len(graph.nodes)
+    for k, node in enumerate(graph.nodes):
+        if node.buffer is not None or k in chosen or node.op in ("const", "index"):
+            continue
+        depth[k] = 1 + max((depth[_pos(graph, source)] for source in node.inputs), default=0)
+        if depth[k] > MAX_DEPTH:
+            chosen.add(k)
+            depth[k] = 0
+            continue
+        cost[k] = sum(cost[_pos(graph, source)] for source in node.inputs)
+        if TABLE[node.op].kind == ELEMENTWISE:
+            cost[k] += TRANSCENDENTAL_COST if node.op in TRANSCENDENTAL else 1
+            if consumers[k] > 1 and cost[k] > CHEAP_COST:
+                chosen.add(k)
+                cost[k] = 0
+        if node.op == "reindex":
+            source = _pos(graph, node.inputs[0])
+            if node.numel > node.inputs[0].numel and cost[source] > CHEAP_COST:
+                chosen.add(source)
+                cost[k] = 0
+    return chosen

@@ -1,0 +1,43 @@
+"""The pending sub-graph in canonical order, with a structural key.
+
+Two realisations whose graphs have the same structure (every training iteration) get the same
+key, so the schedule built for the first is reused: hashing plus kernel calls.
+"""
+from dataclasses import dataclass
+
+
+@dataclass
+class PendingGraph:
+    nodes: list          # inputs first; realised nodes appear as leaves
+    outputs: list        # positions of the requested nodes in `nodes`
+    key: tuple           # equal for structurally equal graphs
+    position: dict       # node id -> position in `nodes`
+
+
+def _attrs_key(attrs):
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
+
+
+def pending_graph(outputs):
+    """Walk from the outputs down to realised buffers (iteratively: graphs can be deep)."""
+    position, nodes, signature = {}, [], []
+    stack = [(node, False) for node in reversed(outputs)]
+    while stack:
+        node, expanded = stack.pop()
+        if node.id in position:
+            continue
+        if node.buffer is not None:
+            position[node.id] = len(nodes)
+            nodes.append(node)
+            signature.append(("buffer", node.shape, node.dtype))
+            continue
+        if not expanded:
+            stack.append((node, True))
+            stack.extend((source, False) for source in reversed(node.inputs) if source.id not in position)
+            continue
+        position[node.id] = len(nodes)
+        nodes.append(node)
+        signature.append((node.op, _attrs_key(node.attrs), node.shape, node.dtype,
+                          tuple(position[source.id] for source in node.inputs)))
+    output_positions = [position[node.id] for node in outputs]
+    return PendingGraph(nodes, output_positions, (tuple(signature), tuple(output_positions)), position)

@@ -1,0 +1,129 @@
+"""The kernel IR: one kernel is parameters, loops and statements over typed scalar values.
+
+Index arithmetic uses the expression tree of `metagraph.expr` (loop variable k is `Var(k)`); the
+values computed are small trees of table ops. Backends only render this; every transformation
+(fusion, splitting a loop, marking it parallel) is a rewrite of it.
+"""
+from dataclasses import dataclass, field
+from typing import Optional
+
+# ---- values --------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Load:
+    """param[index]; where `valid` (an index expression) is false nothing is read and 0 results."""
+    param: int
+    index: object            # Expr: the flat element offset
+    dtype: object
+    valid: Optional[object] = None
+
+
+@dataclass(eq=False)
+class Scalar:
+    """A constant."""
+    value: object
+    dtype: object
+
+
+@dataclass(eq=False)
+class IndexValue:
+    """An index expression used as a value (the `index` meta-op)."""
+    expr: object
+    dtype: object
+
+
+@dataclass(eq=False)
+class Apply:
+    """An element-wise table op (or `cast`) on values."""
+    op: str
+    args: tuple
+    dtype: object
+    site: Optional[int] = None    # error site for integer division by zero
+
+
+@dataclass(eq=False)
+class Guard:
+    """value where `cond` (an index expression) holds, else `fill`, or an error at `check`.
+
+    Where the enclosing `valid` is false the value is not used and `cond` is not evaluated
+    (it may read index tensors out of their bounds there)."""
+    cond: object
+    value: object
+    fill: object
+    valid: Optional[object] = None
+    check: Optional[int] = None
+
+    @property
+    def dtype(self):
+        return self.value.dtype
+
+
+@dataclass(eq=False)
+class Ref:
+    """The value of an accumulator."""
+    name: str
+    dtype: object
+
+
+# ---- statements ------------------------------------------------------------------------------
+
+PARALLEL, SERIAL, REDUCE = "parallel", "serial", "reduce"
+
+
+@dataclass
+class Loop:
+    var: int
+    extent: int
+    kind: str
+    body: list
+
+
+@dataclass
+class Define:
+    """An accumulator, initialised."""
+    name: str
+    dtype: object
+    init: object
+
+
+@dataclass
+class Accumulate:
+    name: str
+    op: str
+    value: object
+
+
+@dataclass
+class Store:
+    param: int
+    index: object
+    value: object
+
+
+@dataclass
+class ScatterAccumulate:
+    """param[index] op= value where valid (a race unless the loop over it is serial or injective)."""
+    param: int
+    index: object
+    op: str
+    value: object
+    valid: Optional[object] = None
+    check: Optional[int] = None
+
+
+@dataclass
+class Param:
+    name: str
+    dtype: object
+    shape: tuple
+    output: bool
+
+
+@dataclass
+class Kernel:
+    name: str
+    params: list
+    body: list
+    extents: dict = field(default_factory=dict)    # loop variable -> extent (for simplification)
+    sites: list = field(default_factory=list)       # error sites: (message, position) for run-time checks

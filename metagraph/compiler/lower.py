@@ -1,0 +1,279 @@
+"""Lowering: each materialised node and the nodes inlined into it become one kernel.
+
+A kernel is a loop nest over its output; a reduction adds inner loops and an accumulator; a
+reduction read only by one element-wise kernel, at its own output position, fuses into that
+kernel as its epilogue (conv + bias + relu is one kernel). A `reindex_reduce` is a scatter:
+an initialising loop, then a loop over its source.
+"""
+import hashlib
+from dataclasses import dataclass
+
+from metagraph import dtypes
+from metagraph.compiler import ir
+from metagraph.compiler.fusion import materialised
+from metagraph.compiler.simplify import simplify, substitute
+from metagraph.expr import Binary, Const, Extra, Var
+
+INDEX_BUDGET = 2000      # expression nodes an index may grow to before its source is materialised
+
+
+@dataclass
+class Step:
+    """One kernel launch: its IR and which graph positions its parameters are."""
+    kernel: ir.Kernel
+    positions: list      # graph position of each kernel parameter (outputs first)
+    sites: list          # (message, graph position of the node that raises it) per error site
+
+
+class _Refuse(Exception):
+    """A fusion that turned out not to apply; the caller materialises `position` instead."""
+
+    def __init__(self, position):
+        self.position = position
+
+
+def schedule(graph):
+    """The kernel launches that compute graph's outputs, in order."""
+    chosen, unfusable = materialised(graph), set()
+    while True:
+        try:
+            return _steps(graph, chosen, unfusable)
+        except _Refuse as refused:
+            (unfusable if refused.position in chosen else chosen).add(refused.position)
+
+
+def _steps(graph, chosen, unfusable):
+    readers = _readers(graph, chosen)
+    fused = {}
+    for k in sorted(chosen - unfusable):
+        node = graph.nodes[k]
+        if node.op == "reduce" and k not in graph.outputs and len(readers.get(k, ())) == 1:
+            (reader,) = readers[k]
+            if graph.nodes[reader].op not in ("reduce", "reindex_reduce", "contiguous"):
+                fused[k] = reader
+    steps = []
+    for k in sorted(chosen):
+        if k in fused:
+            continue
+        epilogue_reduce = [r for r, reader in fused.items() if reader == k]
+        if len(epilogue_reduce) > 1:          # at most one reduction per kernel
+            raise _Refuse(epilogue_reduce[1])
+        steps.append(_Lowering(graph, chosen, k, epilogue_reduce).kernel())
+    return steps
+
+
+def _readers(graph, chosen):
+    """For each materialised position: the kernels (by root position) that read it."""
+    readers = {}
+    for root in chosen:
+        seen, stack = set(), [graph.nodes[root]]
+        while stack:
+            node = stack.pop()
+            for source in node.inputs:
+                k = graph.position[source.id]
+                if k in chosen or source.buffer is not None:
+                    readers.setdefault(k, set()).add(root)
+                elif k not in seen:
+                    seen.add(k)
+                    stack.append(source)
+    return readers
+
+
+def _strides(shape):
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return strides[::-1]
+
+
+def _and(a, b):
+    """a && b, where None and the constant 1 stand for 'always true'."""
+    if a is None or a == Const(1):
+        return b
+    if b is None or b == Const(1):
+        return a
+    return Binary("&&", a, b)
+
+
+def _size(expr):
+    if isinstance(expr, (Var, Const)):
+        return 1
+    if isinstance(expr, Binary):
+        return 1 + _size(expr.a) + _size(expr.b)
+    if isinstance(expr, Extra):
+        return 1 + sum(_size(a) for a in expr.args)
+    return 1 + _size(expr.cond) + _size(expr.a) + _size(expr.b)
+
+
+class _Lowering:
+    def __init__(self, graph, chosen, root, epilogue_reduce):
+        self.graph, self.chosen, self.root = graph, chosen, root
+        self.fused_reduce = epilogue_reduce[0] if epilogue_reduce else None
+        self.params, self.param_of, self.sites, self.memo = [], {}, [], {}
+        self.extents, self.accumulator = {}, None
+        self.reduce_body = None
+
+    # ---- parameters ------------------------------------------------------------------------
+    def param(self, position, output=False):
+        if position not in self.param_of:
+            node = self.graph.nodes[position]
+            self.param_of[position] = len(self.params)
+            self.params.append((position, ir.Param(f"p{len(self.params)}", node.dtype, node.shape, output)))
+        return self.param_of[position]
+
+    def site(self, message, node):
+        self.sites.append((f"{node.op}: {message}", self.graph.position[node.id]))
+        return len(self.sites)
+
+    def flat(self, shape, index):
+        offset = Const(0)
+        for expr, size, stride in zip(index, shape, _strides(shape)):
+            if size != 1:
+                offset = offset + expr * stride
+        return simplify(offset, self.extents)
+
+    # ---- values ----------------------------------------------------------------------------
+    def value(self, node, index, valid):
+        key = (node.id, index, valid)
+        if key not in self.memo:
+            self.memo[key] = self._value(node, index, valid)
+        return self.memo[key]
+
+    def _value(self, node, index, valid):
+        k = self.graph.position[node.id]
+        if k == self.fused_reduce:
+            return self.reduction(node, index)
+        if node.buffer is not None or (k in self.chosen and k != self.root):
+            return ir.Load(self.param(k), self.flat(node.shape, index), node.dtype, valid)
+        if node.op == "const":
+            return ir.Scalar(node.attrs["value"], node.dtype)
+        if node.op == "index":
+            return ir.IndexValue(index[node.attrs["axis"]], node.dtype)
+        if node.op == "reindex":
+            return self.reindex(node, index, valid)
+        if node.op == "reduce":
+            return self.reduction(node, index)
+        if node.op == "contiguous":
+            return self.value(node.inputs[0], index, valid)
+        args = tuple(self.value(source, index, valid) for source in node.inputs)
+        site = self.site("integer division by zero", node) if node.op in ("idiv", "mod") else None
+        return ir.Apply(node.op, args, node.dtype, site)
+
+    def extras(self, node, expr):
+        """Index expression with Extra(k) renumbered to the kernel parameter of extra k."""
+        if isinstance(expr, Extra):
+            extra = node.inputs[1 + expr.index]
+            args = tuple(self.extras(node, a) for a in expr.args)
+            param = self.param(self.graph.position[extra.id])
+            return Extra(param, tuple(simplify(a, self.extents) for a in args))
+        if isinstance(expr, Binary):
+            return Binary(expr.op, self.extras(node, expr.a), self.extras(node, expr.b))
+        if hasattr(expr, "cond"):
+            return type(expr)(self.extras(node, expr.cond), self.extras(node, expr.a), self.extras(node, expr.b))
+        return expr
+
+    def reindex(self, node, index, valid):
+        source = node.inputs[0]
+        mapped = tuple(simplify(self.extras(node, substitute(e, index)), self.extents)
+                       for e in node.attrs["index_map"])
+        if any(_size(e) > INDEX_BUDGET for e in mapped):
+            raise _Refuse(self.graph.position[source.id])
+        inside = None
+        for expr, size in zip(mapped, source.shape):
+            inside = _and(inside, simplify(Binary("&&", Binary("<=", Const(0), expr),
+                                                  Binary("<", expr, Const(size))), self.extents))
+        if inside is not None and simplify(inside, self.extents) == Const(1):
+            inside = None
+        inner = self.value(source, mapped, _and(valid, inside))
+        if inside is None:
+            return inner
+        check = self.site(f"index out of bounds for shape {source.shape}", node) if node.attrs["checked"] \
+            else None
+        return ir.Guard(inside, inner, node.attrs["fill"], valid, check)
+
+    def reduction(self, node, index):
+        """The fused reduction: an accumulator filled by inner loops (one per kernel)."""
+        if self.accumulator is not None:
+            raise _Refuse(self.graph.position[node.id])
+        root = self.graph.nodes[self.root]
+        identity = tuple(Var(d) if size != 1 else index[d] for d, size in enumerate(node.shape))
+        if node.shape != root.shape or tuple(index) != identity:
+            raise _Refuse(self.graph.position[node.id])
+        x = node.inputs[0]
+        axes, keepdim = node.attrs["axes"], node.attrs["keepdim"]
+        source_index, out_dim, var = [], 0, root.ndim
+        loops = []
+        for d, size in enumerate(x.shape):
+            if d in axes:
+                source_index.append(Var(var))
+                self.extents[var] = size
+                loops.append((var, size))
+                var += 1
+                out_dim += keepdim
+            else:
+                source_index.append(index[out_dim])
+                out_dim += 1
+        op = node.attrs["op"]
+        acc_dtype = dtypes.float32 if node.dtype == dtypes.float16 else node.dtype
+        init = {"add": 0, "mul": 1, "max": dtypes.min_value(node.dtype)}[op]
+        self.accumulator = ir.Ref("acc", acc_dtype)
+        body = [ir.Accumulate("acc", op, self.value(x, tuple(source_index), None))]
+        for loop_var, extent in reversed(loops):
+            body = [ir.Loop(loop_var, extent, ir.REDUCE, body)]
+        self.reduce_body = [ir.Define("acc", acc_dtype, init)] + body
+        if acc_dtype != node.dtype:
+            return ir.Apply("cast", (self.accumulator,), node.dtype)
+        return self.accumulator
+
+    # ---- kernels ---------------------------------------------------------------------------
+    def kernel(self):
+        node = self.graph.nodes[self.root]
+        out = self.param(self.root, output=True)
+        if node.op == "reindex_reduce":
+            body, kind = self.scatter(node, out), "s"
+        else:
+            for d, size in enumerate(node.shape):
+                self.extents[d] = size
+            outer = tuple(Var(d) for d in range(node.ndim))
+            store = ir.Store(out, self.flat(node.shape, outer), self.value(node, outer, None))
+            body = (self.reduce_body or []) + [store]
+            for d in reversed(range(node.ndim)):
+                body = [ir.Loop(d, node.shape[d], ir.PARALLEL if d == 0 else ir.SERIAL, body)]
+            kind = "r" if self.reduce_body else "e"
+        params = [param for _, param in self.params]
+        positions = [position for position, _ in self.params]
+        shape = "x".join(map(str, node.shape)) or "scalar"
+        digest = hashlib.sha1(repr((body, params)).encode()).hexdigest()[:8]
+        kernel = ir.Kernel(f"{kind}_{shape}_{digest}", params, body, dict(self.extents), self.sites)
+        return Step(kernel, positions, self.sites)
+
+    def scatter(self, node, out):
+        x = node.inputs[0]
+        init = 0 if node.attrs["op"] == "add" else dtypes.min_value(node.dtype)
+        outer = tuple(Var(d) for d in range(node.ndim))
+        for d, size in enumerate(node.shape):
+            self.extents[d] = size
+        clear = [ir.Store(out, self.flat(node.shape, outer), ir.Scalar(init, node.dtype))]
+        for d in reversed(range(node.ndim)):
+            clear = [ir.Loop(d, node.shape[d], ir.PARALLEL if d == 0 else ir.SERIAL, clear)]
+        self.extents = {d: size for d, size in enumerate(x.shape)}
+        source = tuple(Var(d) for d in range(x.ndim))
+        target = tuple(simplify(self.extras(node, e), self.extents) for e in node.attrs["index_map"])
+        inside = None
+        for expr, size in zip(target, node.shape):
+            inside = _and(inside, simplify(Binary("&&", Binary("<=", Const(0), expr),
+                                                  Binary("<", expr, Const(size))), self.extents))
+        if inside is not None and simplify(inside, self.extents) == Const(1):
+            inside = None
+        check = self.site(f"index out of bounds for shape {node.shape}", node) if node.attrs["checked"] \
+            else None
+        body = [ir.ScatterAccumulate(out, self.flat(node.shape, target), node.attrs["op"],
+                                     self.value(x, source, None), inside, check)]
+        # Parallel only over a source variable that alone picks an output row: no two threads
+        # then write the same element. Otherwise serial: a race would corrupt gradients silently.
+        injective = {e.axis for e in target[:1] if isinstance(e, Var)}
+        for d in reversed(range(x.ndim)):
+            kind = ir.PARALLEL if d == 0 and d in injective else ir.SERIAL
+            body = [ir.Loop(d, x.shape[d], kind, body)]
+        return clear + body

@@ -1,0 +1,46 @@
+"""Runs a schedule: allocates each kernel's output, launches it, reports run-time errors."""
+import sys
+import time
+
+import numpy as np
+
+from metagraph import flags
+from metagraph.errors import IndexOutOfRange, MetagraphError, at
+from metagraph.runtime import profiler
+
+
+def run(graph, steps, functions, sources, oracle=None):
+    """Launch every step; returns the arrays of graph's outputs."""
+    buffers = {k: node.buffer for k, node in enumerate(graph.nodes) if node.buffer is not None}
+    report = profiler.current()
+    error = np.zeros(1, dtype=np.int64)
+    for step, function, source in zip(steps, functions, sources):
+        node = graph.nodes[step.positions[0]]
+        out = np.empty(node.shape, dtype=node.dtype.np)
+        buffers[step.positions[0]] = out
+        arrays = [buffers[k] for k in step.positions]
+        start = time.perf_counter()
+        if out.size:
+            function(arrays, error)
+        elapsed = time.perf_counter() - start
+        if report is not None:
+            report.allocate(out.nbytes)
+            report.kernel(step.kernel.name, source, elapsed)
+        if flags.DEBUG:
+            print(f"metagraph: {step.kernel.name} {elapsed * 1e6:.0f} us", file=sys.stderr)
+        if error[0]:
+            _raise(graph, step, int(error[0]))
+        if oracle is not None:
+            oracle(graph, step, buffers, source)
+    if report is not None:
+        for k in buffers:
+            if graph.nodes[k].buffer is None:
+                report.free(buffers[k].nbytes)
+    return [buffers[k] for k in graph.outputs]
+
+
+def _raise(graph, step, site):
+    message, position = step.sites[site - 1]
+    where = at(graph.nodes[position].location)
+    kind = IndexOutOfRange if "out of bounds" in message else MetagraphError
+    raise kind(f"{message} (node created at {where}; kernel {step.kernel.name})")
