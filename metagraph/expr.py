@@ -136,6 +136,66 @@ def extras_used(expr):
     return {expr.index}.union(*(extras_used(arg) for arg in expr.args))
 
 
+def linear_terms(expr):
+    """expr as ({term: coefficient}, constant) when it is a sum of scaled terms (else {expr: 1})."""
+    if isinstance(expr, Const):
+        return {}, expr.value
+    if isinstance(expr, Binary) and expr.op in ("+", "-"):
+        terms_a, const_a = linear_terms(expr.a)
+        terms_b, const_b = linear_terms(expr.b)
+        sign = 1 if expr.op == "+" else -1
+        for term, coef in terms_b.items():
+            terms_a[term] = terms_a.get(term, 0) + sign * coef
+        return {t: c for t, c in terms_a.items() if c}, const_a + sign * const_b
+    if isinstance(expr, Binary) and expr.op == "*" and (isinstance(expr.a, Const) or isinstance(expr.b, Const)):
+        scale, rest = (expr.a.value, expr.b) if isinstance(expr.a, Const) else (expr.b.value, expr.a)
+        terms, const = linear_terms(rest)
+        return {t: c * scale for t, c in terms.items() if c * scale}, const * scale
+    return {expr: 1}, 0
+
+
+def reshape_map(source, target):
+    """The index map that reads `source` (row-major) from `target`'s loop variables.
+
+    Dimensions are matched in groups whose sizes multiply to the same total, so that merging or
+    splitting neighbouring dimensions costs one division at most, and an unchanged dimension none."""
+    index_map = [None] * len(source)
+    i = j = 0
+    while i < len(source) or j < len(target):
+        group_source, group_target, size_source, size_target = [], [], 1, 1
+        while True:
+            if i < len(source) and (size_source <= size_target or j >= len(target)) and \
+                    (not group_source or size_source != size_target or source[i] == 1):
+                group_source.append(i)
+                size_source *= source[i]
+                i += 1
+            elif j < len(target) and (not group_target or size_source != size_target or target[j] == 1):
+                group_target.append(j)
+                size_target *= target[j]
+                j += 1
+            else:
+                break
+            if size_source == size_target and (i >= len(source) or source[i] != 1) and \
+                    (j >= len(target) or target[j] != 1):
+                break
+        flat, stride = Const(0), 1
+        for k in reversed(group_target):
+            if target[k] != 1:
+                term = Var(k) if stride == 1 else Var(k) * stride
+                flat = term if flat == Const(0) else term + flat
+            stride *= target[k]
+        stride = 1
+        for position, d in enumerate(reversed(group_source)):
+            if source[d] == 1:
+                index_map[d] = Const(0)
+                continue
+            index = flat // stride if stride != 1 else flat
+            first = all(source[e] == 1 for e in group_source[:group_source.index(d)])
+            index_map[d] = index if first else index % source[d]
+            stride *= source[d]
+    return tuple(index_map)
+
+
 # ---- parsing -------------------------------------------------------------------------------
 
 _AST_BINARY = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%"}

@@ -14,7 +14,7 @@ Cost: 1 per element-wise op, TRANSCENDENTAL_COST per transcendental, 0 for views
 """
 from metagraph.ops.table import ELEMENTWISE, TABLE
 
-CHEAP_COST = 6
+CHEAP_COST = 8         # one transcendental and a few arithmetic ops: recomputing beats a round trip to memory
 TRANSCENDENTAL_COST = 4
 TRANSCENDENTAL = {"recip", "sqrt", "exp2", "log2", "sin"}
 ALWAYS_MATERIALISED = {"reduce", "reindex_reduce", "contiguous"}

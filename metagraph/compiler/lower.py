@@ -175,7 +175,7 @@ class _Lowering:
 
     def reindex(self, node, index, valid):
         source = node.inputs[0]
-        mapped = tuple(simplify(self.extras(node, substitute(e, index)), self.extents)
+        mapped = tuple(simplify(substitute(self.extras(node, e), index), self.extents)
                        for e in node.attrs["index_map"])
         if any(_size(e) > INDEX_BUDGET for e in mapped):
             raise _Refuse(self.graph.position[source.id])

@@ -4,7 +4,7 @@ Every loop variable i<k> has a known range [0, extent_k). Knowing ranges lets `(
 become `a` and `(a*n + b) % n` become `b` when 0 <= b < n, so that a chain of views (transpose,
 slice, reshape) composes into plain address arithmetic instead of a pile of divisions.
 """
-from metagraph.expr import Binary, Const, Extra, Select, Var
+from metagraph.expr import Binary, Const, Extra, Select, Var, linear_terms
 
 INF = float("inf")
 
@@ -62,27 +62,6 @@ def _mul(x, y):
     return x * y
 
 
-def _terms(expr):
-    """expr as {term: coefficient} plus a constant, when it is a sum of scaled terms."""
-    if isinstance(expr, Const):
-        return {}, expr.value
-    if isinstance(expr, Binary) and expr.op in ("+", "-"):
-        ta, ca = _terms(expr.a)
-        tb, cb = _terms(expr.b)
-        sign = 1 if expr.op == "+" else -1
-        for term, coef in tb.items():
-            ta[term] = ta.get(term, 0) + sign * coef
-        return {t: c for t, c in ta.items() if c}, ca + sign * cb
-    if isinstance(expr, Binary) and expr.op == "*":
-        if isinstance(expr.b, Const):
-            terms, const = _terms(expr.a)
-            return {t: c * expr.b.value for t, c in terms.items() if c * expr.b.value}, const * expr.b.value
-        if isinstance(expr.a, Const):
-            terms, const = _terms(expr.b)
-            return {t: c * expr.a.value for t, c in terms.items() if c * expr.a.value}, const * expr.a.value
-    return {expr: 1}, 0
-
-
 def _sum(terms, const):
     """Rebuild a canonical sum: terms in a stable order, constant last."""
     result = None
@@ -121,7 +100,7 @@ def simplify(expr, extents):
     if isinstance(a, Const) and isinstance(b, Const) and not (expr.op in ("//", "%") and b.value == 0):
         return Const(_fold(expr.op, a.value, b.value))
     if expr.op in ("+", "-", "*"):
-        terms, const = _terms(Binary(expr.op, a, b))
+        terms, const = linear_terms(Binary(expr.op, a, b))
         return _sum(terms, const)
     if expr.op in ("//", "%") and isinstance(b, Const) and b.value > 0:
         return _divide(expr.op, a, b.value, extents)
@@ -133,7 +112,7 @@ def simplify(expr, extents):
 
 
 def _divide(op, a, n, extents):
-    terms, const = _terms(a)
+    terms, const = linear_terms(a)
     whole = {t: c // n for t, c in terms.items() if c % n == 0}
     rest_terms = {t: c for t, c in terms.items() if c % n}
     rest = _sum(rest_terms, const % n)

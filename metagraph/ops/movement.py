@@ -1,7 +1,7 @@
 """Movement: every reshape, permutation, slice, pad or tiling is a `reindex` view (no copy)."""
 from metagraph import dtypes
 from metagraph.errors import ArgumentError, IndexOutOfRange, ShapeError, fail
-from metagraph.expr import Const, Var, binary
+from metagraph.expr import Const, Var, binary, reshape_map
 from metagraph.ops import math as m
 from metagraph.ops.table import apply
 
@@ -62,20 +62,7 @@ def reshape(x, *shape):
     shape = resolve_shape("reshape", x.numel, shape)
     if shape == x.shape:
         return x
-    flat = Const(0)
-    for axis, (size, stride) in enumerate(zip(shape, _strides(shape))):
-        if size != 1:
-            flat = Var(axis) * stride if flat == Const(0) else flat + Var(axis) * stride
-    index_map = []
-    leading = True
-    for size, stride in zip(x.shape, _strides(x.shape)):
-        if size == 1:
-            index_map.append(Const(0))
-            continue
-        index = flat // stride if stride != 1 else flat
-        index_map.append(index if leading else index % size)
-        leading = False
-    return view(x, shape, index_map)
+    return view(x, shape, reshape_map(x.shape, shape))
 
 
 def flatten(x, start_dim=0, end_dim=-1):

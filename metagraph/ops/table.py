@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 from metagraph import dtypes
 from metagraph.errors import DTypeError, MetagraphError, ShapeError, at, user_location
-from metagraph.expr import Const, Var, variables, extras_used
+from metagraph.expr import Binary, Const, Select, Var, extras_used, linear_terms, reshape_map, variables
 from metagraph.ops.node import Node
 
 SOURCE, ELEMENTWISE, REDUCE, VIEW, SCATTER, NOT_MATH = (
@@ -205,10 +205,54 @@ def reduce_grad(g, y, x):
 
 
 def reindex_grad(g, y, x, *extras):
-    attrs = y.attrs
-    scatter = apply("reindex_reduce", g, *extras, op="add", shape=x.shape,
-                    index_map=attrs["index_map"], checked=False)
+    """A scatter back; for a reshape, a broadcast or an injective affine view, a cheaper view."""
+    index_map = y.attrs["index_map"]
+    inverse = None if extras else inverse_view(g, x.shape, y.shape, index_map)
+    if inverse is not None:
+        return (inverse,)
+    scatter = apply("reindex_reduce", g, *extras, op="add", shape=x.shape, index_map=index_map,
+                    checked=False)
     return (scatter,) + (None,) * len(extras)
+
+
+def inverse_view(g, x_shape, y_shape, index_map):
+    """The gradient of reindex(x, y_shape, index_map) as a sum over broadcast dimensions and a
+    gather, when every input dimension reads `a*i_v + b` of its own loop variable i_v (a
+    permutation, slice, flip, pad or broadcast), or when the map is a reshape; else None."""
+    if math.prod(x_shape) == math.prod(y_shape) and index_map == reshape_map(x_shape, y_shape):
+        return apply("reindex", g, shape=x_shape, index_map=reshape_map(y_shape, x_shape), fill=0,
+                     checked=False)
+    placed, fixed = {}, []
+    for d, expr in enumerate(index_map):
+        terms, const = linear_terms(expr)
+        if not terms:
+            fixed.append((d, const))
+            continue
+        if len(terms) != 1:
+            return None
+        ((term, scale),) = terms.items()
+        if not isinstance(term, Var) or term.axis in placed:
+            return None
+        placed[term.axis] = (d, scale, const)
+    fixed = [(d, c) for d, c in fixed if not (x_shape[d] == 1 and c == 0)]
+    if fixed and not placed:
+        return None
+    unused = tuple(v for v in range(len(y_shape)) if v not in placed)
+    if unused:
+        g = apply("reduce", g, op="add", axes=unused, keepdim=False)
+    inverse = []
+    for v in sorted(placed):
+        d, scale, const = placed[v]
+        offset = Var(d) - const if const else Var(d)
+        if scale == 1:
+            inverse.append(offset)
+        elif scale == -1:
+            inverse.append(const - Var(d))
+        else:
+            inverse.append(Select(Binary("==", offset % scale, Const(0)), offset // scale, Const(-1)))
+    for d, c in fixed:      # an input dimension read at one index gets gradient only there
+        inverse[0] = Select(Binary("==", Var(d), Const(c)), inverse[0], Const(-1))
+    return apply("reindex", g, shape=x_shape, index_map=tuple(inverse), fill=0, checked=False)
 
 
 def reindex_reduce_grad(g, y, x, *extras):

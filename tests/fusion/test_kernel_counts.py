@@ -1,0 +1,103 @@
+"""How many kernels a computation takes: fusion's behaviour, pinned down."""
+import numpy as np
+import pytest
+
+import metagraph as mg
+import metagraph.nn.functional as F
+from metagraph.compiler.graph import pending_graph
+from metagraph.compiler.lower import schedule
+
+
+def kernels(*tensors):
+    """The kernel launches that realising these tensors takes (on any backend: the schedule)."""
+    return schedule(pending_graph([t.node for t in tensors]))
+
+
+def test_twenty_element_wise_ops_are_one_kernel():
+    x = mg.rand(1000)
+    y = x
+    for k in range(10):
+        y = (y * 1.01 + 0.5).exp() if k % 3 == 0 else y * 0.5 - 0.25
+    assert len(kernels(y)) == 1
+
+
+def test_matmul_is_one_kernel():
+    assert len(kernels(mg.rand(16, 32) @ mg.rand(32, 8))) == 1
+
+
+def test_conv_bias_relu_is_one_kernel():
+    x, w, b = mg.rand(2, 3, 8, 8), mg.rand(4, 3, 3, 3), mg.rand(4)
+    steps = kernels(F.relu(F.conv2d(x, w, padding=1) + b[:, None, None]))
+    assert len(steps) == 1 and steps[0].kernel.name.startswith("r_")
+
+
+def test_linear_with_bias_is_one_kernel():
+    assert len(kernels(F.linear(mg.rand(4, 5), mg.rand(3, 5), mg.rand(3)))) == 1
+
+
+def test_row_softmax_is_at_most_three_kernels():
+    steps = kernels(F.softmax(mg.rand(64, 100), dim=1))
+    assert len(steps) <= 3
+
+
+def test_views_never_materialise():
+    x = mg.rand(4, 6, 8)
+    y = x.permute(2, 0, 1)[1:, ::2].reshape(7, -1).flip(0) * 2
+    assert len(kernels(y)) == 1
+
+
+def test_expensive_fan_out_is_materialised_and_cheap_fan_out_recomputed():
+    x = mg.rand(100)
+    cheap = x * 2
+    assert len(kernels(cheap + 1, cheap * 3)) == 2          # one kernel per output, cheap recomputed
+    costly = (x.exp() + 1).log().sqrt()
+    assert len(kernels(costly * costly + costly)) == 2     # costly is computed once
+
+
+def test_expanding_view_of_an_expensive_value_is_materialised():
+    x = mg.rand(2, 3, 8, 8)
+    act = (x.exp() + 1).log().sqrt()
+    steps = kernels(F.conv2d(act, mg.rand(4, 3, 3, 3), padding=1))
+    assert len(steps) == 2       # the activation once, then the conv reads it
+
+
+def test_mlp_training_step_kernel_count():
+    """A 2-layer MLP step (forward, cross-entropy, backward, SGD update of 4 parameters): 15 kernels.
+
+    Forward 2: the hidden layer (matmul + bias, relu inlined into its readers) and the logits.
+    Loss 5: row max, sum of exponentials, the target index as a column (an index tensor is
+    materialised), the count of counted targets, the loss.
+    Backward 4: the scatter back through the target gather, the row sum of the softmax gradient,
+    d loss / d logits, d loss / d hidden (a matmul).
+    Updates 4: each parameter's gradient reduction with `p - lr * grad` fused in as its epilogue."""
+    mg.manual_seed(0)
+    x, y = mg.rand(8, 5), mg.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    w1, b1 = mg.rand(6, 5, requires_grad=True), mg.rand(6, requires_grad=True)
+    w2, b2 = mg.rand(3, 6, requires_grad=True), mg.rand(3, requires_grad=True)
+    params = [w1, b1, w2, b2]
+    loss = F.cross_entropy(F.linear(F.relu(F.linear(x, w1, b1)), w2, b2), y)
+    grads = mg.grad(loss, params)
+    with mg.no_grad():
+        updated = [p - g * 0.1 for p, g in zip(params, grads)]
+    steps = kernels(loss, *updated)
+    assert len(steps) == MLP_STEP_KERNELS, [s.kernel.name for s in steps]
+
+
+MLP_STEP_KERNELS = 15
+
+
+@pytest.mark.parametrize("backend", ["c"])
+def test_profile_reports_launches_compiles_and_memory(backend):
+    mg.set_backend(backend)
+    try:
+        x = mg.rand(256, 256)
+        with mg.profile() as prof:
+            (x @ x).sum().item()
+        assert prof.launches == 2 and len(prof.kernels) == 2
+        assert prof.compiles + prof.cache_hits == 2
+        assert prof.peak_bytes >= 256 * 256 * 4
+        kernel = next(iter(prof.kernels.values()))
+        assert kernel.calls == 1 and kernel.seconds > 0 and "void " + kernel.name in kernel.source
+        assert kernel.name in prof.table()
+    finally:
+        mg.set_backend("c")
