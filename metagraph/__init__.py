@@ -14,6 +14,7 @@ from metagraph.errors import (ArgumentError, DTypeError, ExprError, IndexOutOfRa
 from metagraph.grad import enable_grad, grad, no_grad, set_grad_enabled
 from metagraph.ops import index as _ix, linalg as _linalg, math as _m, movement as _mv
 from metagraph.ops import reduce as _rd
+from metagraph import backend, flags
 from metagraph.random import manual_seed
 from metagraph.runtime.profiler import profile
 from metagraph.tensor import Tensor, lift as _lift

@@ -63,6 +63,7 @@ class Renderer:
     def __init__(self, kernel):
         self.kernel = kernel
         self.extents = kernel.extents
+        self.temporaries = 0        # numbered per kernel: two statements may share a scope
 
     def index(self, expr):
         """An index expression as C (int64 arithmetic, floor semantics where signs need it)."""
@@ -118,7 +119,8 @@ class Renderer:
         else:
             args = [self.value(arg, lines, names) for arg in value.args]
             text, dtype = self.apply(value, args), value.dtype
-        name = f"t{len(names)}"
+        name = f"t{self.temporaries}"
+        self.temporaries += 1
         names[id(value)] = name
         lines.append(f"{CTYPE[dtype.name]} {name} = {text};")
         return name

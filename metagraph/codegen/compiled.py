@@ -11,7 +11,7 @@ from metagraph import flags
 from metagraph.codegen.interpreter import NumpyBackend
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import schedule
-from metagraph.errors import MetagraphError
+from metagraph.errors import MetagraphError, at
 from metagraph.runtime import executor
 
 SCHEDULE_CACHE_SIZE = 4096
@@ -37,7 +37,12 @@ class CompiledBackend:
                     f"  {k}: {n.op} {n.shape} {n.dtype.name} <- "
                     f"{[graph.position[i.id] for i in n.inputs]}" for k, n in enumerate(graph.nodes)),
                     file=sys.stderr)
-            functions, sources = self.load([step.kernel for step in steps])
+            try:
+                functions, sources = self.load([step.kernel for step in steps])
+            except MetagraphError as error:
+                lines = sorted({at(graph.nodes[step.positions[0]].location) for step in steps})
+                raise type(error)(f"{error}\n(compiling the kernels for values created at "
+                                  f"{', '.join(lines)})") from None
             entry = (steps, functions, sources)
             if len(self.schedules) >= SCHEDULE_CACHE_SIZE:
                 self.schedules.pop(next(iter(self.schedules)))

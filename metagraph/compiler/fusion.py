@@ -7,14 +7,18 @@ The rules, in the order they apply:
 - an element-wise node read by more than one consumer is recomputed in each if it is cheap
   (cost <= CHEAP_COST), materialised otherwise;
 - a computed value read through an expanding reindex (a broadcast or a window that reads each
-  element several times: a 3x3 conv reads its input nine times) is materialised unless cheap;
+  element several times: a 3x3 conv with K filters reads its input 9K times) is materialised
+  unless cost x reads per element <= EXPAND_BUDGET, or it has fewer than SMALL elements (a kernel
+  launch costs more than recomputing a scalar or a small batch's row statistics);
 - the integer index tensors (extras) of a reindex or reindex_reduce are materialised;
 - a chain of inlined nodes deeper than MAX_DEPTH is cut (bounded compile time and stack).
 Cost: 1 per element-wise op, TRANSCENDENTAL_COST per transcendental, 0 for views and loads.
 """
 from metagraph.ops.table import ELEMENTWISE, TABLE
 
-CHEAP_COST = 8         # one transcendental and a few arithmetic ops: recomputing beats a round trip to memory
+CHEAP_COST = 12        # recomputing a sigmoid beats writing it out and reading it back
+EXPAND_BUDGET = 16
+SMALL = 1024
 TRANSCENDENTAL_COST = 4
 TRANSCENDENTAL = {"recip", "sqrt", "exp2", "log2", "sin"}
 ALWAYS_MATERIALISED = {"reduce", "reindex_reduce", "contiguous"}
@@ -62,7 +66,8 @@ def materialised(graph):
                 cost[k] = 0
         if node.op == "reindex":
             source = _pos(graph, node.inputs[0])
-            if node.numel > node.inputs[0].numel and cost[source] > CHEAP_COST:
+            reads = node.numel // max(node.inputs[0].numel, 1)
+            if reads > 1 and cost[source] * reads > EXPAND_BUDGET and node.inputs[0].numel >= SMALL:
                 chosen.add(source)
                 cost[k] = 0
     return chosen

@@ -55,10 +55,12 @@ def test_expensive_fan_out_is_materialised_and_cheap_fan_out_recomputed():
 
 
 def test_expanding_view_of_an_expensive_value_is_materialised():
-    x = mg.rand(2, 3, 8, 8)
+    x = mg.rand(2, 3, 16, 16)
     act = (x.exp() + 1).log().sqrt()
     steps = kernels(F.conv2d(act, mg.rand(4, 3, 3, 3), padding=1))
     assert len(steps) == 2       # the activation once, then the conv reads it
+    small = (mg.rand(2, 3, 4, 4).exp() + 1).log().sqrt()
+    assert len(kernels(F.conv2d(small, mg.rand(4, 3, 3, 3), padding=1))) == 1   # cheaper to recompute
 
 
 def test_mlp_training_step_kernel_count():

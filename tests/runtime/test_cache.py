@@ -1,0 +1,131 @@
+"""The disk cache: a second process compiles nothing; a killed compile or a corrupt entry
+leaves a cache that still works; compile errors say where to look."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import metagraph as mg
+from metagraph.codegen import c
+from metagraph.runtime.cache import KernelCache
+
+PROGRAM = textwrap.dedent("""
+    import metagraph as mg
+    import metagraph.nn.functional as F
+    x = mg.rand(4, 3, 9, 9)
+    w = mg.rand(5, 3, 3, 3)
+    with mg.profile() as prof:
+        y = F.relu(F.conv2d(x, w, padding=1)).sum()
+        z = (x.exp() * 2).max()
+        mg.sync(y, z)
+    print("compiles", prof.compiles, "hits", prof.cache_hits, mg.get_backend())
+""")
+
+
+def run(cache_dir, env=None, program=PROGRAM):
+    environment = {k: v for k, v in os.environ.items() if k != "METAGRAPH_BACKEND"}
+    environment.update(METAGRAPH_CACHE_DIR=str(cache_dir), **(env or {}))
+    return subprocess.run([sys.executable, "-c", program], env=environment, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_second_process_compiles_nothing(tmp_path):
+    first = run(tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "compiles 0" not in first.stdout
+    second = run(tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert "compiles 0 hits" in second.stdout, second.stdout
+    sources = [f for f in os.listdir(tmp_path) if f.endswith(".c")]
+    assert sources and all(os.path.exists(tmp_path / (f[:-2] + ".so")) for f in sources)
+    assert "void " in (tmp_path / sources[0]).read_text()      # the source sits beside its binary
+
+
+def test_killed_compile_leaves_a_usable_cache(tmp_path):
+    compiler = tmp_path / "cc-wrapper"         # sleeps inside compiles while SLOW is set
+    compiler.write_text('#!/bin/sh\ncase "$*" in *-shared*) [ -n "$SLOW" ] && sleep 30;; esac\nexec cc "$@"\n')
+    compiler.chmod(0o755)
+    environment = dict(os.environ, METAGRAPH_CACHE_DIR=str(tmp_path / "cache"), CC=str(compiler), SLOW="1")
+    process = subprocess.Popen([sys.executable, "-c", PROGRAM], env=environment,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(3)                        # inside the first compile
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    leftovers = [f for f in os.listdir(tmp_path / "cache") if f.endswith(".so") and not f.startswith(".")]
+    assert not leftovers
+    rerun = run(tmp_path / "cache", env={"CC": str(compiler)})
+    assert rerun.returncode == 0 and "compiles" in rerun.stdout, rerun.stderr
+    assert run(tmp_path / "cache", env={"CC": str(compiler)}).stdout.startswith("compiles 0 ")
+
+
+def test_corrupt_entry_is_rebuilt(tmp_path):
+    assert run(tmp_path).returncode == 0
+    for name in os.listdir(tmp_path):
+        if name.endswith(".so"):
+            with open(tmp_path / name, "r+b") as stream:
+                stream.truncate(100)
+    again = run(tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "compiles 0 " not in again.stdout
+
+
+def test_cache_key_covers_the_toolchain(tmp_path):
+    one, other = KernelCache(str(tmp_path), "gcc 12 znver3"), KernelCache(str(tmp_path), "gcc 12 skylake")
+    assert one.key("void k(){}") != other.key("void k(){}")
+    assert one.find(one.key("void k(){}")) is None
+
+
+def test_missing_compiler_falls_back_with_a_warning(tmp_path):
+    result = run(tmp_path, env={"CC": str(tmp_path / "no-such-compiler")})
+    assert result.returncode == 0, result.stderr
+    assert "backend 'c' is unavailable" in result.stderr
+    assert result.stdout.strip().endswith("numpy")
+
+
+def test_backend_by_environment_and_by_call(tmp_path):
+    result = run(tmp_path, env={"METAGRAPH_BACKEND": "numpy"},
+                 program="import metagraph as mg\nprint(mg.get_backend())")
+    assert result.stdout.strip() == "numpy"
+    with pytest.raises(mg.MetagraphError, match="unknown backend"):
+        mg.set_backend("cuda")
+
+
+def test_compile_error_names_the_source_the_log_and_the_users_line(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.c"
+    bad.write_text("this is not C\n")
+    with pytest.raises(c.CompileError, match=r"bad.c .*its output is in .*bad.c.log"):
+        c.compile_shared(str(bad), str(tmp_path / "bad.so"))
+
+    def failing(source_path, output_path):
+        raise c.CompileError(f"the C compiler failed on {source_path}")
+    monkeypatch.setattr(c, "compile_shared", failing)
+    mg.set_backend("c")
+    monkeypatch.setattr(mg.backend._active.cache, "find", lambda key: None)
+    x = mg.rand(3)
+    y = x * 123.456 + 7          # the line the error must name
+    with pytest.raises(c.CompileError, match=r"values created at test_cache.py:\d+"):
+        y.numpy()
+    mg.set_backend("c")
+
+
+def test_check_mode_catches_a_wrong_kernel(tmp_path, monkeypatch):
+    monkeypatch.setattr(mg.flags, "CHECK", 1)
+    monkeypatch.setattr(mg.flags, "CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(c.BINARY, "add", "({0} - {1})")       # a deliberately wrong backend
+    mg.set_backend("c")
+    try:
+        with pytest.raises(mg.MetagraphError, match=r"METAGRAPH_CHECK: kernel e_3_\w+ gives .*source:"):
+            (mg.tensor([1.0, 2.0, 3.0]) + 1.0).numpy()
+    finally:
+        mg.set_backend("c")
+
+
+def test_debug_prints_kernels_and_source(tmp_path):
+    result = run(tmp_path, env={"METAGRAPH_DEBUG": "2"})
+    assert result.returncode == 0, result.stderr
+    assert "metagraph: compiled" in result.stderr and "void r_" in result.stderr
+    assert "metagraph: r_" in result.stderr           # one line per launch
