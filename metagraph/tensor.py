@@ -92,12 +92,16 @@ class Tensor:
         return self
 
     def numpy(self):
-        """The value as a new numpy array."""
+        """The value as a read-only numpy array (no copy; `.copy()` it to write)."""
         backend.realize([self.node])
-        return self.node.buffer.copy()
+        view = self.node.buffer.view()
+        view.flags.writeable = False
+        return view
 
     def __array__(self, dtype=None, copy=None):
         array = self.numpy()
+        if copy or (copy is None and dtype is None):
+            return array.copy() if dtype is None else array.astype(dtype)
         return array if dtype is None else array.astype(dtype)
 
     def item(self):

@@ -45,9 +45,12 @@ def test_inspection():
     assert mg.get_backend() in ("c", "numpy")
 
 
-def test_numpy_returns_a_copy():
+def test_numpy_is_a_read_only_view_and_np_array_a_copy():
     x = mg.tensor([1.0, 2.0])
-    x.numpy()[0] = 99
+    with pytest.raises(ValueError, match="read-only"):
+        x.numpy()[0] = 99
+    copy = np.array(x)
+    copy[0] = 99
     assert x.tolist() == [1.0, 2.0]
 
 

@@ -64,6 +64,7 @@ class Renderer:
         self.kernel = kernel
         self.extents = kernel.extents
         self.temporaries = 0        # numbered per kernel: two statements may share a scope
+        self.accumulators = {}
 
     def index(self, expr):
         """An index expression as C (int64 arithmetic, floor semantics where signs need it)."""
@@ -157,15 +158,23 @@ class Renderer:
     def statement(self, s):
         """A statement as a dict the template understands."""
         if isinstance(s, ir.Loop):
-            return {"kind": "loop", "var": s.var, "extent": s.extent, "pragma": self.pragma(s),
+            pragma, after = self.pragma(s)
+            return {"kind": "loop", "var": s.var, "extent": s.extent, "pragma": pragma, "after": after,
                     "body": [self.statement(b) for b in s.body]}
         lines, names = [], {}
         if isinstance(s, ir.Define):
             acc_type = CTYPE[s.dtype.name]
             lines.append(f"{acc_type} {s.name} = {scalar(s.init, s.dtype)};")
+            if s.op == "max" and s.dtype.is_float:
+                lines.append(f"uint8_t {s.name}_nan = 0;")
+            self.accumulators[s.name] = s
         elif isinstance(s, ir.Accumulate):
             v = self.value(s.value, lines, names)
-            lines.append(self.combine(s.name, s.op, v, s.value.dtype))
+            if s.op == "max" and self.accumulators[s.name].dtype.is_float:
+                lines.append(f"{s.name}_nan |= ({v} != {v});")      # NaN wins, apart from the max
+                lines.append(f"if ({v} > {s.name}) {s.name} = {v};")
+            else:
+                lines.append(self.combine(s.name, s.op, v, s.value.dtype))
         elif isinstance(s, ir.Store):
             v = self.value(s.value, lines, names)
             lines.append(f"p{s.param}[{self.index(s.index)}] = {v};")
@@ -190,12 +199,21 @@ class Renderer:
         return f"if ({nan}{v} > {target}) {target} = {v};"
 
     def pragma(self, loop):
-        if loop.kind != ir.PARALLEL or loop.extent < 2:
-            return None
-        work = _work(loop)
-        if work < PARALLEL_WORK:
-            return None
-        return f"parallel for schedule(static) num_threads({THREADS})"
+        """(pragma, lines after the loop): threads for outer loops, SIMD for innermost reductions."""
+        accumulate = [s for s in loop.body if isinstance(s, ir.Accumulate)]
+        if loop.kind == ir.REDUCE and accumulate:
+            name, op = accumulate[0].name, accumulate[0].op
+            acc = self.accumulators[name]
+            symbol = {"add": "+", "mul": "*", "max": "max"}[op]
+            if acc.dtype == dtypes.bool_:
+                symbol = {"add": "|", "mul": "&", "max": "|"}[op]
+            clause = f"simd reduction({symbol}:{name})"
+            if op == "max" and acc.dtype.is_float:
+                return f"{clause} reduction(|:{name}_nan)", [f"if ({name}_nan) {name} = NAN;"]
+            return clause, []
+        if loop.kind != ir.PARALLEL or loop.extent < 2 or _work(loop) < PARALLEL_WORK:
+            return None, []
+        return f"parallel for schedule(static) num_threads({THREADS})", []
 
 
 def _work(loop):
@@ -208,15 +226,15 @@ _TEMPLATE = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(os.pa
                                undefined=jinja2.StrictUndefined).get_template("c.j2")
 
 
-def render(kernels):
-    """C source for a batch of kernels."""
+def render(kernels, vector_math=True):
+    """C source for a batch of kernels (vector_math: declare libmvec's SIMD math functions)."""
     views = []
     for kernel in kernels:
         renderer = Renderer(kernel)
         params = [{"ctype": CTYPE[p.dtype.name], "output": p.output} for p in kernel.params]
         views.append({"name": kernel.name, "params": params,
                       "body": [renderer.statement(s) for s in kernel.body]})
-    return _TEMPLATE.render(kernels=views, names=[k.name for k in kernels])
+    return _TEMPLATE.render(kernels=views, names=[k.name for k in kernels], vector_math=vector_math)
 
 
 def compiler_command():
@@ -231,9 +249,9 @@ COMPILE_FLAGS = ["-O2", "-ftree-vectorize", "-fvect-cost-model=dynamic", "-march
                  "-fopenmp", "-fwrapv", "-fno-math-errno", "-std=gnu11", "-pipe"]
 
 
-def compile_shared(source_path, output_path):
+def compile_shared(source_path, output_path, libraries=("-lmvec", "-lm")):
     """Compile one C file into a shared object; raise CompileError with the compiler's output."""
-    command = [compiler_command(), *COMPILE_FLAGS, source_path, "-o", output_path, "-lm"]
+    command = [compiler_command(), *COMPILE_FLAGS, source_path, "-o", output_path, *libraries]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as error:
@@ -274,23 +292,31 @@ class CBackend(CompiledBackend):
         super().__init__()
         self.cache = KernelCache(flags.CACHE_DIR, toolchain_identity())
         self.ffi = cffi.FFI()
-        self.declared, self.libraries, self.functions = set(), {}, {}
+        self.declared, self.opened, self.functions = set(), {}, {}
+        self.vector_math, self.libraries = True, ("-lmvec", "-lm")
         self._probe()
 
     def _probe(self):
-        """Compile a trivial kernel once, so that a broken compiler is found before any real work."""
+        """Compile a trivial kernel once, so that a broken compiler is found before any real work;
+        without glibc's vector math library (libmvec), math calls stay scalar."""
         with profiler.suspended():
-            self.load([ir.Kernel("probe_kernel", [], [])])
+            try:
+                self.load([ir.Kernel("probe_kernel", [], [])])
+            except CompileError:
+                self.vector_math, self.libraries = False, ("-lm",)
+                self.load([ir.Kernel("probe_kernel", [], [])])
 
     def load(self, kernels):
         report = profiler.current()
-        sources = [render([kernel]) for kernel in kernels]
+        sources = [render([kernel], self.vector_math) for kernel in kernels]
         keys = [self.cache.key(source) for source in sources]
         missing = list({key: i for i, key in enumerate(keys)
                         if key not in self.functions and self.cache.find(key) is None}.values())
         if missing:
-            batch = render([kernels[i] for i in missing])
-            path, source_path = self.cache.build(batch, [keys[i] for i in missing], compile_shared)
+            batch = render([kernels[i] for i in missing], self.vector_math)
+            path, source_path = self.cache.build(
+                batch, [keys[i] for i in missing],
+                lambda source, output: compile_shared(source, output, self.libraries))
             if flags.DEBUG:
                 print(f"metagraph: compiled {len(missing)} kernel(s) into {path}", file=sys.stderr)
             if flags.DEBUG >= 2:
@@ -311,9 +337,9 @@ class CBackend(CompiledBackend):
         if name not in self.declared:
             self.ffi.cdef(f"void {name}(char **, int64_t *);")
             self.declared.add(name)
-        if path not in self.libraries:
-            self.libraries[path] = self.ffi.dlopen(path)
-        native = getattr(self.libraries[path], name)
+        if path not in self.opened:
+            self.opened[path] = self.ffi.dlopen(path)
+        native = getattr(self.opened[path], name)
         ffi = self.ffi
 
         def launch(arrays, error):

@@ -37,7 +37,8 @@ def pending_graph(outputs):
             continue
         position[node.id] = len(nodes)
         nodes.append(node)
-        signature.append((node.op, _attrs_key(node.attrs), node.shape, node.dtype,
-                          tuple(position[source.id] for source in node.inputs)))
+        if node.signature is None:
+            node.signature = (node.op, _attrs_key(node.attrs), node.shape, node.dtype)
+        signature.append((node.signature, tuple(position[source.id] for source in node.inputs)))
     output_positions = [position[node.id] for node in outputs]
     return PendingGraph(nodes, output_positions, (tuple(signature), tuple(output_positions)), position)

@@ -81,10 +81,11 @@ class Loop:
 
 @dataclass
 class Define:
-    """An accumulator, initialised."""
+    """An accumulator for reduction `op`, initialised."""
     name: str
     dtype: object
     init: object
+    op: str = "add"
 
 
 @dataclass

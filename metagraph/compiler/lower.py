@@ -221,7 +221,7 @@ class _Lowering:
         body = [ir.Accumulate("acc", op, self.value(x, tuple(source_index), None))]
         for loop_var, extent in reversed(loops):
             body = [ir.Loop(loop_var, extent, ir.REDUCE, body)]
-        self.reduce_body = [ir.Define("acc", acc_dtype, init)] + body
+        self.reduce_body = [ir.Define("acc", acc_dtype, init, op)] + body
         if acc_dtype != node.dtype:
             return ir.Apply("cast", (self.accumulator,), node.dtype)
         return self.accumulator

@@ -39,9 +39,22 @@ def scalar_in(value, dtype):
     return float(value)
 
 
+_CONSTANTS = {}
+CONSTANT_CACHE_SIZE = 4096
+
+
 def const(value, shape, dtype):
-    """`value` broadcast over `shape` (a view; no buffer)."""
-    return apply("const", value=scalar_in(value, dtype), shape=tuple(shape), dtype=dtype)
+    """`value` broadcast over `shape` (a view; no buffer). Equal small constants share one node."""
+    value, shape = scalar_in(value, dtype), tuple(shape)
+    if math.prod(shape) > 4096:
+        return apply("const", value=value, shape=shape, dtype=dtype)
+    key = (value, type(value), shape, dtype, math.copysign(1.0, value) if isinstance(value, float) else 0)
+    node = _CONSTANTS.get(key)
+    if node is None:
+        if len(_CONSTANTS) >= CONSTANT_CACHE_SIZE:
+            _CONSTANTS.pop(next(iter(_CONSTANTS)))
+        node = _CONSTANTS[key] = apply("const", value=value, shape=shape, dtype=dtype)
+    return node
 
 
 def cast(x, dtype):

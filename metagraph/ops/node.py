@@ -20,7 +20,7 @@ _ids = itertools.count()
 class Node:
     """One meta-op application in the lazy graph."""
     __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "location", "requires_grad", "leaf",
-                 "buffer", "owner", "id", "__weakref__")
+                 "buffer", "owner", "id", "signature", "__weakref__")
 
     def __init__(self, op, inputs, attrs, shape, dtype, requires_grad=None, buffer=None):
         self.op = op
@@ -37,6 +37,7 @@ class Node:
         self.buffer = buffer
         self.owner = None                # weak reference to the leaf Tensor that owns this node
         self.id = next(_ids)
+        self.signature = None            # (op, attrs, shape, dtype), computed once when needed
 
     @property
     def ndim(self):

@@ -47,13 +47,19 @@ def test_second_process_compiles_nothing(tmp_path):
 
 def test_killed_compile_leaves_a_usable_cache(tmp_path):
     compiler = tmp_path / "cc-wrapper"         # sleeps inside compiles while SLOW is set
-    compiler.write_text('#!/bin/sh\ncase "$*" in *-shared*) [ -n "$SLOW" ] && sleep 30;; esac\nexec cc "$@"\n')
+    marker = tmp_path / "compiling"
+    compiler.write_text('#!/bin/sh\ncase "$*" in *-shared*) [ -n "$SLOW" ] && touch "$MARKER" && sleep 60;; esac\n'
+                        'exec cc "$@"\n')
     compiler.chmod(0o755)
-    environment = dict(os.environ, METAGRAPH_CACHE_DIR=str(tmp_path / "cache"), CC=str(compiler), SLOW="1")
-    process = subprocess.Popen([sys.executable, "-c", PROGRAM], env=environment,
+    environment = dict(os.environ, METAGRAPH_CACHE_DIR=str(tmp_path / "cache"), CC=str(compiler), SLOW="1",
+                       MARKER=str(marker))
+    process = subprocess.Popen([sys.executable, "-c", PROGRAM], env=environment, start_new_session=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(3)                        # inside the first compile
-    process.send_signal(signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline:     # wait until inside a compile
+        time.sleep(0.05)
+    assert marker.exists(), "the compiler was never called"
+    os.killpg(process.pid, signal.SIGKILL)         # the process and the compiler it started
     process.wait()
     leftovers = [f for f in os.listdir(tmp_path / "cache") if f.endswith(".so") and not f.startswith(".")]
     assert not leftovers
@@ -100,7 +106,7 @@ def test_compile_error_names_the_source_the_log_and_the_users_line(tmp_path, mon
     with pytest.raises(c.CompileError, match=r"bad.c .*its output is in .*bad.c.log"):
         c.compile_shared(str(bad), str(tmp_path / "bad.so"))
 
-    def failing(source_path, output_path):
+    def failing(source_path, output_path, libraries=()):
         raise c.CompileError(f"the C compiler failed on {source_path}")
     monkeypatch.setattr(c, "compile_shared", failing)
     mg.set_backend("c")

@@ -2,6 +2,20 @@
 #include <math.h>
 #include <stdint.h>
 
+/* glibc's libmvec has vector versions of these: declaring them lets loops that call them vectorise */
+#pragma omp declare simd notinbranch
+extern float exp2f(float);
+#pragma omp declare simd notinbranch
+extern float log2f(float);
+#pragma omp declare simd notinbranch
+extern float sinf(float);
+#pragma omp declare simd notinbranch
+extern double exp2(double);
+#pragma omp declare simd notinbranch
+extern double log2(double);
+#pragma omp declare simd notinbranch
+extern double sin(double);
+
 static inline int64_t mg_floordiv(int64_t a, int64_t b) {
     if (b == 0) return 0;
     if (b == -1) return (int64_t)(0 - (uint64_t)a);
