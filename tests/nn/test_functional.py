@@ -5,7 +5,7 @@ import pytest
 import metagraph as mg
 import metagraph.nn.functional as F
 from tests import reference as ref
-from tests.helpers import Case, run_float32, run_forward, run_grad
+from tests.helpers import Case, check_forward, check_grad, run_float32, run_forward, run_grad
 
 R = np.random.default_rng(21)
 
@@ -169,3 +169,15 @@ def test_embedding_padding_row_gets_no_gradient():
 def test_errors_name_the_op(bad, match):
     with pytest.raises(mg.MetagraphError, match=match):
         bad()
+
+
+def test_dropout_gradient_with_a_fixed_mask():
+    from metagraph.ops import loss as ops_loss
+    from metagraph.tensor import Tensor
+    uniform = mg.tensor(R.random((3, 4)))
+
+    def dropped(x):
+        return Tensor(ops_loss.dropout(x.node, 0.3, uniform.node))
+    keep = uniform.numpy() >= 0.3
+    check_forward(dropped, lambda x: np.where(keep, x / 0.7, 0.0), f(3, 4))
+    check_grad(dropped, f(3, 4))
