@@ -17,6 +17,7 @@ from metagraph.ops import reduce as _rd
 from metagraph import backend, flags
 from metagraph.random import manual_seed
 from metagraph.runtime.profiler import profile
+from metagraph.serialization import load, save
 from metagraph.tensor import Tensor, lift as _lift
 
 half, double, long = float16, float64, int64
@@ -74,4 +75,4 @@ def one_hot(x, num_classes=-1):
     return Tensor(_ix.one_hot(x.node, num_classes, _realize))
 
 
-from metagraph import nn  # noqa: E402  (nn builds on everything above)
+from metagraph import data, datasets, nn, optim  # noqa: E402  (these build on everything above)

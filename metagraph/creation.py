@@ -35,7 +35,7 @@ def tensor(data, dtype=None, requires_grad=False):
         array = data
     else:
         array = np.array(data)
-        if array.dtype == np.float64:
+        if array.dtype == np.float64 and dtype is None:
             array = array.astype(dtypes.default_float.np)   # Python floats default to float32
         elif array.dtype.kind == "O" or array.dtype.kind in "USV":
             raise DTypeError(f"tensor(): cannot make a tensor from {type(data).__name__} data")

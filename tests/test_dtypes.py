@@ -92,3 +92,8 @@ def test_conversions():
     assert x.half().dtype == mg.float16 and x.double().dtype == mg.float64
     assert x.bool().tolist() == [True, True] and x.to(mg.int8).dtype == mg.int8
     assert x.to("cpu") is x
+
+
+def test_explicit_dtype_does_not_round_through_the_default():
+    assert mg.tensor(0.1, dtype=mg.float64).item() == 0.1
+    assert mg.tensor([0.1], dtype=mg.float64).tolist() == [0.1]
