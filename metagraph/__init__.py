@@ -75,4 +75,4 @@ def one_hot(x, num_classes=-1):
     return Tensor(_ix.one_hot(x.node, num_classes, _realize))
 
 
-from metagraph import data, datasets, nn, optim  # noqa: E402  (these build on everything above)
+from metagraph import data, datasets, models, nn, optim  # noqa: E402  (these build on everything above)

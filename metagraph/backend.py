@@ -1,11 +1,13 @@
 """Which backend realises graphs, and the one call through which every value is computed."""
 import sys
 import warnings
+import weakref
 
 from metagraph import flags
 from metagraph.errors import MetagraphError
 
 _active = None
+_deferred = weakref.WeakSet()      # tensors updated by assign(), computed at the next realisation
 
 
 def _numpy():
@@ -47,8 +49,15 @@ def get_backend():
     return _active.name
 
 
+def defer(tensor):
+    """Compute this tensor's new value at the next realisation, whatever that realisation asks for."""
+    _deferred.add(tensor)
+
+
 def realize(nodes):
     """Compute every node in `nodes` that has no buffer yet; afterwards each holds its buffer."""
+    nodes = list(nodes) + [t.node for t in list(_deferred)]
+    _deferred.clear()
     pending = list({node.id: node for node in nodes if node.buffer is None}.values())
     if not pending:
         return

@@ -180,8 +180,9 @@ class Tensor:
 
     @data.setter
     def data(self, value):
+        """Replace the value, shape and dtype included (as PyTorch's `.data =`), keeping leaf status."""
         value = value.node if isinstance(value, Tensor) else m.cast(value, self.dtype)
-        self._replace(detach(value), check_leaf=False)
+        self._replace(detach(value), check_leaf=False, keep_type=False)
 
     def backward(self, gradient=None, retain_graph=None, create_graph=False):
         """Accumulate d(self)/d(leaf) into `.grad` of every leaf that requires grad."""
@@ -204,13 +205,13 @@ class Tensor:
             owner.grad = grad if owner.grad is None else Tensor(m.add(owner.grad.node, grad.node))
 
     # ---- in-place updates -------------------------------------------------------------------
-    def _replace(self, node, check_leaf=True):
+    def _replace(self, node, check_leaf=True, keep_type=True):
         if check_leaf and GradMode.enabled and self.node.leaf and self.node.requires_grad:
             raise MetagraphError("a leaf tensor that requires grad is used in an in-place "
                                  "operation; wrap it in metagraph.no_grad()")
-        if node.shape != self.shape:
+        if keep_type and node.shape != self.shape:
             raise ShapeError(f"in-place result of shape {node.shape} does not fit {self.shape}")
-        if node.dtype != self.dtype:
+        if keep_type and node.dtype != self.dtype:
             if node.dtype.is_float and not self.dtype.is_float:
                 raise DTypeError(f"result type {node.dtype.name} can't be cast to the in-place "
                                  f"output type {self.dtype.name}")
@@ -224,9 +225,14 @@ class Tensor:
         return self
 
     def assign(self, value):
-        """Jittor's in-place update: self takes value's value (no gradient through it)."""
-        return self._replace(detach(_unwrap(value) if isinstance(value, Tensor)
-                                    else m.cast(value, self.dtype)), check_leaf=False)
+        """Jittor's in-place update: self takes value's value (no gradient through it).
+
+        State updated this way (running statistics, optimizer state) is computed at the next sync
+        point together with whatever is computed there, so it never builds up a lazy chain."""
+        self._replace(detach(_unwrap(value) if isinstance(value, Tensor) else m.cast(value, self.dtype)),
+                      check_leaf=False)
+        backend.defer(self)
+        return self
 
     def copy_(self, source):
         return self._replace(mv.broadcast_to(m.cast(_unwrap(source), self.dtype), self.shape))

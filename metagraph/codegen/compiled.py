@@ -47,7 +47,14 @@ class CompiledBackend:
             if len(self.schedules) >= SCHEDULE_CACHE_SIZE:
                 self.schedules.pop(next(iter(self.schedules)))
             self.schedules[graph.key] = entry
-        return executor.run(graph, *entry, oracle=check_against_oracle if flags.CHECK else None)
+        buffers = executor.run(graph, *entry, oracle=check_against_oracle if flags.CHECK else None)
+        # Values that autograd keeps anyway keep their buffers too, so that reading the loss after
+        # optimizer.step() (or a gradient after the loss) does not compute the forward pass again.
+        for step in entry[0]:
+            node = graph.nodes[step.positions[0]]
+            if node.requires_grad and node.buffer is None:
+                node.set_buffer(buffers[step.positions[0]])
+        return [buffers[k] for k in graph.outputs]
 
 
 def check_against_oracle(graph, step, buffers, source):

@@ -4,6 +4,7 @@ import math
 from metagraph import creation
 from metagraph.errors import ArgumentError
 from metagraph.grad import no_grad
+from metagraph.nn.module import realize_on_host
 
 
 def _fans(tensor):
@@ -27,7 +28,7 @@ def calculate_gain(nonlinearity, param=None):
 def _fill(tensor, values):
     with no_grad():
         tensor.assign(values.to(tensor.dtype))
-    return tensor
+    return realize_on_host(tensor)
 
 
 def uniform_(tensor, a=0.0, b=1.0):

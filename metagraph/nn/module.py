@@ -3,16 +3,29 @@ from collections import OrderedDict
 
 import numpy as np
 
+from metagraph import dtypes
+from metagraph.codegen.interpreter import NumpyBackend
 from metagraph.errors import MetagraphError, ShapeError
 from metagraph.tensor import Tensor
 
 
+def realize_on_host(tensor):
+    """Compute an initial value now with the numpy interpreter (cheap host work, nothing compiled)."""
+    if tensor.node.buffer is None:
+        tensor.node.set_buffer(NumpyBackend().realize([tensor.node])[0])
+    return tensor
+
+
 class Parameter(Tensor):
-    """A Tensor that a Module trains: a leaf that requires grad (unless told otherwise)."""
+    """A Tensor that a Module trains: a leaf that requires grad (unless told otherwise).
+
+    Its initial value is computed at once on the host, so that a model never recomputes its
+    initialisation and no kernel is compiled for it."""
     __slots__ = ()
 
     def __init__(self, data, requires_grad=True):
         super().__init__(data.node if isinstance(data, Tensor) else data)
+        realize_on_host(self)
         self.requires_grad_(requires_grad and self.dtype.is_float)
 
     def __repr__(self):
@@ -156,13 +169,22 @@ class Module:
         return self
 
     def to(self, *args, **kwargs):
-        """Devices: everything lives on the host. Dtypes: parameters and buffers are converted."""
+        """Devices: everything lives on the host. Dtypes: float parameters and buffers are converted."""
         dtype = kwargs.get("dtype") or next((a for a in args if not isinstance(a, str)), None)
         if dtype is not None:
             for tensor in list(self.parameters()) + list(self.buffers()):
                 if tensor.dtype.is_float:
-                    tensor.assign(tensor.to(dtype))
+                    tensor.data = tensor.to(dtype)
         return self
+
+    def double(self):
+        return self.to(dtypes.float64)
+
+    def float(self):
+        return self.to(dtypes.float32)
+
+    def half(self):
+        return self.to(dtypes.float16)
 
     def cpu(self):
         return self

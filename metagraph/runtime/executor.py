@@ -10,7 +10,7 @@ from metagraph.runtime import profiler
 
 
 def run(graph, steps, functions, sources, oracle=None):
-    """Launch every step; returns the arrays of graph's outputs."""
+    """Launch every step; returns every array computed or read, by graph position."""
     buffers = {k: node.buffer for k, node in enumerate(graph.nodes) if node.buffer is not None}
     report = profiler.current()
     error = np.zeros(1, dtype=np.int64)
@@ -36,7 +36,7 @@ def run(graph, steps, functions, sources, oracle=None):
         for k in buffers:
             if graph.nodes[k].buffer is None:
                 report.free(buffers[k].nbytes)
-    return [buffers[k] for k in graph.outputs]
+    return buffers
 
 
 def _raise(graph, step, site):
