@@ -99,7 +99,7 @@ class Renderer:
         if isinstance(value, ir.Scalar):
             return scalar(value.value, value.dtype)
         if isinstance(value, ir.Ref):
-            return value.name
+            return value.name if value.index is None else f"{value.name}[{self.index(value.index)}]"
         if isinstance(value, ir.IndexValue):
             text = f"(({CTYPE[value.dtype.name]})({self.index(value.expr)}))"
             dtype = value.dtype
@@ -164,10 +164,18 @@ class Renderer:
         lines, names = [], {}
         if isinstance(s, ir.Define):
             acc_type = CTYPE[s.dtype.name]
-            lines.append(f"{acc_type} {s.name} = {scalar(s.init, s.dtype)};")
-            if s.op == "max" and s.dtype.is_float:
-                lines.append(f"uint8_t {s.name}_nan = 0;")
+            if s.size is not None:
+                # explicitly aligned: GCC 12 otherwise placed it misaligned under an aligned store
+                lines.append(f"{acc_type} {s.name}[{s.size}] __attribute__((aligned(64)));")
+                lines.append(f"for (int64_t q = 0; q < {s.size}; q++) {s.name}[q] = {scalar(s.init, s.dtype)};")
+            else:
+                lines.append(f"{acc_type} {s.name} = {scalar(s.init, s.dtype)};")
+                if s.op == "max" and s.dtype.is_float:
+                    lines.append(f"uint8_t {s.name}_nan = 0;")
             self.accumulators[s.name] = s
+        elif isinstance(s, ir.Accumulate) and s.index is not None:
+            v = self.value(s.value, lines, names)
+            lines.append(self.combine(f"{s.name}[{self.index(s.index)}]", s.op, v, s.value.dtype))
         elif isinstance(s, ir.Accumulate):
             v = self.value(s.value, lines, names)
             if s.op == "max" and self.accumulators[s.name].dtype.is_float:
@@ -200,6 +208,8 @@ class Renderer:
 
     def pragma(self, loop):
         """(pragma, lines after the loop): threads for outer loops, SIMD for innermost reductions."""
+        if loop.kind == ir.VECTOR:
+            return "simd", []
         accumulate = [s for s in loop.body if isinstance(s, ir.Accumulate)]
         if loop.kind == ir.REDUCE and accumulate:
             name, op = accumulate[0].name, accumulate[0].op

@@ -61,14 +61,15 @@ class Guard:
 
 @dataclass(eq=False)
 class Ref:
-    """The value of an accumulator."""
+    """The value of an accumulator (of element `index` when the accumulator is an array)."""
     name: str
     dtype: object
+    index: Optional[object] = None
 
 
 # ---- statements ------------------------------------------------------------------------------
 
-PARALLEL, SERIAL, REDUCE = "parallel", "serial", "reduce"
+PARALLEL, SERIAL, REDUCE, VECTOR = "parallel", "serial", "reduce", "vector"
 
 
 @dataclass
@@ -81,11 +82,12 @@ class Loop:
 
 @dataclass
 class Define:
-    """An accumulator for reduction `op`, initialised."""
+    """An accumulator for reduction `op` (an array of `size` when given), initialised."""
     name: str
     dtype: object
     init: object
     op: str = "add"
+    size: Optional[int] = None
 
 
 @dataclass
@@ -93,6 +95,7 @@ class Accumulate:
     name: str
     op: str
     value: object
+    index: Optional[object] = None
 
 
 @dataclass

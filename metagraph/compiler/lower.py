@@ -15,6 +15,7 @@ from metagraph.compiler.simplify import simplify, substitute
 from metagraph.expr import Binary, Const, Extra, Var
 
 INDEX_BUDGET = 2000      # expression nodes an index may grow to before its source is materialised
+ROW_MIN, ROW_MAX = 8, 1024   # output rows this long are accumulated whole, their loop innermost
 
 
 @dataclass
@@ -112,7 +113,7 @@ class _Lowering:
         self.fused_reduce = epilogue_reduce[0] if epilogue_reduce else None
         self.params, self.param_of, self.sites, self.memo = [], {}, [], {}
         self.extents, self.accumulator = {}, None
-        self.reduce_body = None
+        self.reduce_parts = None
 
     # ---- parameters ------------------------------------------------------------------------
     def param(self, position, output=False):
@@ -218,10 +219,7 @@ class _Lowering:
         acc_dtype = dtypes.float32 if node.dtype == dtypes.float16 else node.dtype
         init = {"add": 0, "mul": 1, "max": dtypes.min_value(node.dtype)}[op]
         self.accumulator = ir.Ref("acc", acc_dtype)
-        body = [ir.Accumulate("acc", op, self.value(x, tuple(source_index), None))]
-        for loop_var, extent in reversed(loops):
-            body = [ir.Loop(loop_var, extent, ir.REDUCE, body)]
-        self.reduce_body = [ir.Define("acc", acc_dtype, init, op)] + body
+        self.reduce_parts = (acc_dtype, init, op, loops, self.value(x, tuple(source_index), None))
         if acc_dtype != node.dtype:
             return ir.Apply("cast", (self.accumulator,), node.dtype)
         return self.accumulator
@@ -237,16 +235,56 @@ class _Lowering:
                 self.extents[d] = size
             outer = tuple(Var(d) for d in range(node.ndim))
             store = ir.Store(out, self.flat(node.shape, outer), self.value(node, outer, None))
-            body = (self.reduce_body or []) + [store]
-            for d in reversed(range(node.ndim)):
-                body = [ir.Loop(d, node.shape[d], ir.PARALLEL if d == 0 else ir.SERIAL, body)]
-            kind = "r" if self.reduce_body else "e"
+            body = self.loop_nest(node, store)
+            kind = "r" if self.reduce_parts else "e"
         params = [param for _, param in self.params]
         positions = [position for position, _ in self.params]
         shape = "x".join(map(str, node.shape)) or "scalar"
         digest = hashlib.sha1(repr((body, params)).encode()).hexdigest()[:8]
         kernel = ir.Kernel(f"{kind}_{shape}_{digest}", params, body, dict(self.extents), self.sites)
         return Step(kernel, positions, self.sites)
+
+    def loop_nest(self, node, store):
+        """Loops over the output around `store`, with the reduction (if any) inside.
+
+        A reduction accumulates a whole block of its trailing output dimensions (as many as fit
+        in ROW_MAX elements, at least ROW_MIN) in a local array, with the block's loops innermost:
+        a matmul runs i-k-j, a convolution runs along its output rows, and both read memory
+        contiguously in the vectorised loop."""
+        outer = list(range(node.ndim))
+        if self.reduce_parts is None:
+            body = [store]
+        else:
+            acc_dtype, init, op, loops, value = self.reduce_parts
+            block, size = [], 1
+            for d in reversed(outer):
+                if size * node.shape[d] > ROW_MAX or (d == 0 and node.ndim > 1):   # keep a parallel loop
+                    break
+                block.insert(0, d)
+                size *= node.shape[d]
+            if loops and size >= ROW_MIN:
+                offset = Const(0)
+                for d in block:
+                    offset = offset * node.shape[d] + Var(d)
+                self.accumulator.index = simplify(offset, self.extents)
+                accumulate = [ir.Accumulate("acc", op, value, self.accumulator.index)]
+                stores = [store]
+                for d in reversed(block):
+                    kind = ir.VECTOR if d == block[-1] else ir.SERIAL
+                    accumulate = [ir.Loop(d, node.shape[d], kind, accumulate)]
+                    stores = [ir.Loop(d, node.shape[d], kind, stores)]
+                for loop_var, loop_extent in reversed(loops):
+                    accumulate = [ir.Loop(loop_var, loop_extent, ir.REDUCE, accumulate)]
+                body = [ir.Define("acc", acc_dtype, init, op, size)] + accumulate + stores
+                outer = outer[:len(outer) - len(block)]
+            else:
+                body = [ir.Accumulate("acc", op, value)]
+                for loop_var, loop_extent in reversed(loops):
+                    body = [ir.Loop(loop_var, loop_extent, ir.REDUCE, body)]
+                body = [ir.Define("acc", acc_dtype, init, op)] + body + [store]
+        for d in reversed(outer):
+            body = [ir.Loop(d, node.shape[d], ir.PARALLEL if d == 0 else ir.SERIAL, body)]
+        return body
 
     def scatter(self, node, out):
         x = node.inputs[0]
