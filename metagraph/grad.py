@@ -1,24 +1,17 @@
 """The user's side of autograd: mg.grad (Jittor habit) and the no_grad switches."""
 import contextlib
 
-from metagraph.errors import ArgumentError
 from metagraph.ops import autograd
 from metagraph.ops import math as m
 from metagraph.ops.node import GradMode
-from metagraph.tensor import Tensor, _gradient_for
+from metagraph.tensor import Tensor, seed_gradient
 
 
 def grad(output, inputs, grad_output=None, create_graph=False):
     """d(output)/d(input) for each input; an input the output does not depend on gets zeros."""
     single = isinstance(inputs, Tensor)
     inputs = [inputs] if single else list(inputs)
-    if grad_output is None:
-        if output.numel() != 1:
-            raise ArgumentError(f"grad(): grad can be implicitly created only for scalar outputs, "
-                             f"got shape {output.shape}; pass grad_output=")
-        seed = m.const(1, output.shape, output.dtype)
-    else:
-        seed = _gradient_for(output, grad_output)
+    seed = seed_gradient("grad", output, grad_output)
     grads = autograd.gradients([output.node], [seed], create_graph) if output.requires_grad else {}
     results = [Tensor(grads[t.node.id]) if t.node.id in grads else
                Tensor(m.const(0, t.shape, t.dtype)) for t in inputs]

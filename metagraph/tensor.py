@@ -189,14 +189,7 @@ class Tensor:
         if not self.requires_grad:
             raise MetagraphError("backward(): this tensor does not require grad and has no "
                                  "history; call requires_grad_() on its inputs first")
-        if gradient is None:
-            if self.numel() != 1:
-                raise MetagraphError(f"backward(): grad can be implicitly created only for "
-                                     f"scalar outputs, got shape {self.shape}; pass gradient=")
-            gradient = m.const(1, self.shape, self.dtype)
-        else:
-            gradient = _gradient_for(self, gradient)
-        grads = autograd.gradients([self.node], [gradient], create_graph)
+        grads = autograd.gradients([self.node], [seed_gradient("backward", self, gradient)], create_graph)
         for leaf in autograd.leaves([self.node]):
             owner = leaf.owner() if leaf.owner is not None else None
             if owner is None or leaf.id not in grads:
@@ -384,7 +377,13 @@ class Tensor:
         return self @ other
 
 
-def _gradient_for(output, gradient):
+def seed_gradient(op, output, gradient):
+    """The gradient that starts reverse mode: ones for a scalar output, else the one given."""
+    if gradient is None:
+        if output.numel() != 1:
+            raise ArgumentError(f"{op}(): grad can be implicitly created only for scalar outputs, "
+                                f"got shape {output.shape}; pass the output's gradient")
+        return m.const(1, output.shape, output.dtype)
     node = gradient.node if isinstance(gradient, Tensor) else m.const(gradient, (), output.dtype)
     if node.shape != output.shape:
         node = m.expand(node, m.broadcast_shape("backward", node.shape, output.shape))

@@ -174,18 +174,21 @@ class _Lowering:
             return type(expr)(self.extras(node, expr.cond), self.extras(node, expr.a), self.extras(node, expr.b))
         return expr
 
+    def inside(self, index, shape):
+        """The condition that every index lies in its dimension (None where the ranges prove it)."""
+        condition = None
+        for expr, size in zip(index, shape):
+            condition = _and(condition, simplify(Binary("&&", Binary("<=", Const(0), expr),
+                                                        Binary("<", expr, Const(size))), self.extents))
+        return None if condition is None or condition == Const(1) else condition
+
     def reindex(self, node, index, valid):
         source = node.inputs[0]
         mapped = tuple(simplify(substitute(self.extras(node, e), index), self.extents)
                        for e in node.attrs["index_map"])
         if any(_size(e) > INDEX_BUDGET for e in mapped):
             raise _Refuse(self.graph.position[source.id])
-        inside = None
-        for expr, size in zip(mapped, source.shape):
-            inside = _and(inside, simplify(Binary("&&", Binary("<=", Const(0), expr),
-                                                  Binary("<", expr, Const(size))), self.extents))
-        if inside is not None and simplify(inside, self.extents) == Const(1):
-            inside = None
+        inside = self.inside(mapped, source.shape)
         inner = self.value(source, mapped, _and(valid, inside))
         if inside is None:
             return inner
@@ -298,12 +301,7 @@ class _Lowering:
         self.extents = {d: size for d, size in enumerate(x.shape)}
         source = tuple(Var(d) for d in range(x.ndim))
         target = tuple(simplify(self.extras(node, e), self.extents) for e in node.attrs["index_map"])
-        inside = None
-        for expr, size in zip(target, node.shape):
-            inside = _and(inside, simplify(Binary("&&", Binary("<=", Const(0), expr),
-                                                  Binary("<", expr, Const(size))), self.extents))
-        if inside is not None and simplify(inside, self.extents) == Const(1):
-            inside = None
+        inside = self.inside(target, node.shape)
         check = self.site(f"index out of bounds for shape {node.shape}", node) if node.attrs["checked"] \
             else None
         body = [ir.ScatterAccumulate(out, self.flat(node.shape, target), node.attrs["op"],

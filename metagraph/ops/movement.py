@@ -32,14 +32,6 @@ def view(x, shape, index_map, fill=0):
                  checked=False)
 
 
-def _strides(shape):
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return strides[::-1]
-
-
 def resolve_shape(op, numel, shape):
     """A shape with at most one -1, checked against the element count."""
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)

@@ -90,25 +90,24 @@ def _values_at(x, dim, index, keepdim):
     return _reduce(m.where(chosen, x, 0), "add", (dim,), keepdim)
 
 
-def max(x, dim=None, keepdim=False):
-    """max over everything, or (values, indices) along dim."""
+def _extreme_along(op, x, dim, keepdim, whole, arg):
     if dim is None:
-        return amax(x)
-    dim = normalize_dim("max", x.ndim, dim)
+        return whole(x)
+    dim = normalize_dim(op, x.ndim, dim)
     if x.ndim == 0:
         return x, m.const(0, (), dtypes.int64)
-    indices = argmax(x, dim, keepdim)
+    indices = arg(x, dim, keepdim)
     return _values_at(x, dim, indices, keepdim), indices
+
+
+def max(x, dim=None, keepdim=False):
+    """max over everything, or (values, indices) along dim."""
+    return _extreme_along("max", x, dim, keepdim, amax, argmax)
 
 
 def min(x, dim=None, keepdim=False):
-    if dim is None:
-        return amin(x)
-    dim = normalize_dim("min", x.ndim, dim)
-    if x.ndim == 0:
-        return x, m.const(0, (), dtypes.int64)
-    indices = argmin(x, dim, keepdim)
-    return _values_at(x, dim, indices, keepdim), indices
+    """min over everything, or (values, indices) along dim."""
+    return _extreme_along("min", x, dim, keepdim, amin, argmin)
 
 
 def var(x, dim=None, correction=1, keepdim=False, unbiased=None):
