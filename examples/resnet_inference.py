@@ -12,7 +12,8 @@ import metagraph as mg
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--weights", help="a .pth state dict (e.g. torchvision's), loaded without PyTorch")
     parser.add_argument("--input", help="a .npy float array of shape (N, 3, H, W), already normalised")

@@ -44,7 +44,8 @@ def get_backend():
                     _active = BACKENDS[name]()
                     break
                 except MetagraphError as error:
-                    warnings.warn(f"metagraph: backend {name!r} is unavailable ({str(error).splitlines()[0]}); "
+                    reason = str(error).splitlines()[0]
+                    warnings.warn(f"metagraph: backend {name!r} is unavailable ({reason}); "
                                   "trying the next one", stacklevel=2)
     return _active.name
 

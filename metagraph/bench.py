@@ -244,7 +244,8 @@ def digits_time_to_95(max_epochs=50):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="comma-separated workload ids (W1..W9)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", default="bench.json")

@@ -56,7 +56,8 @@ class DataLoader:
         return full + (1 if rest and not self.drop_last else 0)
 
     def _batches(self):
-        order = self.generator.permutation(len(self.dataset)) if self.shuffle else np.arange(len(self.dataset))
+        count = len(self.dataset)
+        order = self.generator.permutation(count) if self.shuffle else np.arange(count)
         for start in range(0, len(order), self.batch_size):
             index = order[start:start + self.batch_size]
             if len(index) < self.batch_size and self.drop_last:

@@ -147,7 +147,8 @@ def linear_terms(expr):
         for term, coef in terms_b.items():
             terms_a[term] = terms_a.get(term, 0) + sign * coef
         return {t: c for t, c in terms_a.items() if c}, const_a + sign * const_b
-    if isinstance(expr, Binary) and expr.op == "*" and (isinstance(expr.a, Const) or isinstance(expr.b, Const)):
+    scaled = isinstance(expr, Binary) and expr.op == "*"
+    if scaled and (isinstance(expr.a, Const) or isinstance(expr.b, Const)):
         scale, rest = (expr.a.value, expr.b) if isinstance(expr.a, Const) else (expr.b.value, expr.a)
         terms, const = linear_terms(rest)
         return {t: c * scale for t, c in terms.items() if c * scale}, const * scale

@@ -60,7 +60,8 @@ class _Unpickler(pickle.Unpickler):
             return _ALLOWED[(module, name)]
         if module == "torch" and name in _TORCH_STORAGES:
             return _StorageType(name)
-        raise CheckpointError(f"mg.load: {self.path} asks for {module}.{name}, which is not on the allow-list "
+        raise CheckpointError(f"mg.load: {self.path} asks for {module}.{name}, which is not on the "
+                              "allow-list "
                               "(tensors, dicts, lists and numbers only); refusing to load it")
 
     def _read(self, key):
@@ -97,7 +98,8 @@ def load(path):
         if not names:
             raise CheckpointError(f"mg.load: {path} holds no data.pkl")
         prefix = names[0][:-len("data.pkl")]
-        if f"{prefix}byteorder" in archive.namelist() and archive.read(f"{prefix}byteorder").strip() != b"little":
+        order = f"{prefix}byteorder"
+        if order in archive.namelist() and archive.read(order).strip() != b"little":
             raise CheckpointError(f"mg.load: {path} was written on a big-endian machine")
         stream = io.BytesIO(archive.read(names[0]))
         try:

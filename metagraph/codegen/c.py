@@ -29,7 +29,8 @@ MATH = {"sqrt": "sqrt", "exp2": "exp2", "log2": "log2", "sin": "sin"}
 BINARY = {"add": "({0} + {1})", "mul": "({0} * {1})", "cmplt": "({0} < {1})", "cmpne": "({0} != {1})",
           "and": "({0} & {1})", "or": "({0} | {1})", "xor": "({0} ^ {1})"}
 BOOL_BINARY = {"add": "({0} | {1})", "mul": "({0} & {1})"}
-INDEX_OPS = {"+": "+", "-": "-", "*": "*", "<": "<", "<=": "<=", "==": "==", "!=": "!=", "&&": "&&", "||": "||"}
+INDEX_OPS = {"+": "+", "-": "-", "*": "*", "<": "<", "<=": "<=", "==": "==", "!=": "!=", "&&": "&&",
+             "||": "||"}
 THREADS = flags.NUM_THREADS
 PARALLEL_WORK = 1 << 15     # loop nests with less work than this run on one thread
 
@@ -54,7 +55,7 @@ def scalar(value, dtype):
         text = "INFINITY" if value > 0 else "(-INFINITY)"
     else:
         text = repr(value)
-    return {"float32": f"((float){text})", "float64": f"((double){text})", "float16": f"((_Float16){text})"}[dtype.name]
+    return f"(({CTYPE[dtype.name]}){text})"
 
 
 class Renderer:
@@ -167,7 +168,8 @@ class Renderer:
             if s.size is not None:
                 # explicitly aligned: GCC 12 otherwise placed it misaligned under an aligned store
                 lines.append(f"{acc_type} {s.name}[{s.size}] __attribute__((aligned(64)));")
-                lines.append(f"for (int64_t q = 0; q < {s.size}; q++) {s.name}[q] = {scalar(s.init, s.dtype)};")
+                init = scalar(s.init, s.dtype)
+                lines.append(f"for (int64_t q = 0; q < {s.size}; q++) {s.name}[q] = {init};")
             else:
                 lines.append(f"{acc_type} {s.name} = {scalar(s.init, s.dtype)};")
                 if s.op == "max" and s.dtype.is_float:
@@ -231,7 +233,8 @@ def _work(loop):
     return loop.extent * max([_work(s) for s in inner] or [1])
 
 
-_TEMPLATE = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(os.path.dirname(__file__), "templates")),
+_TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
+_TEMPLATE = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES),
                                keep_trailing_newline=True, trim_blocks=False, lstrip_blocks=False,
                                undefined=jinja2.StrictUndefined).get_template("c.j2")
 

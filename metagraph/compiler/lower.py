@@ -171,7 +171,7 @@ class _Lowering:
         if isinstance(expr, Binary):
             return Binary(expr.op, self.extras(node, expr.a), self.extras(node, expr.b))
         if hasattr(expr, "cond"):
-            return type(expr)(self.extras(node, expr.cond), self.extras(node, expr.a), self.extras(node, expr.b))
+            return type(expr)(*(self.extras(node, part) for part in (expr.cond, expr.a, expr.b)))
         return expr
 
     def inside(self, index, shape):

@@ -25,7 +25,8 @@ class Linear(Module):
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self):
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}")
 
 
 class Conv2d(Module):
@@ -33,7 +34,8 @@ class Conv2d(Module):
                  bias=True):
         super().__init__()
         if in_channels % groups or out_channels % groups:
-            raise ArgumentError(f"Conv2d: channels {in_channels}->{out_channels} must divide by groups={groups}")
+            raise ArgumentError(f"Conv2d: channels {in_channels}->{out_channels} must divide by "
+                                f"groups={groups}")
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.kernel_size = pair("Conv2d", kernel_size, "kernel_size")
         self.stride, self.dilation = pair("Conv2d", stride, "stride"), pair("Conv2d", dilation, "dilation")
@@ -47,7 +49,8 @@ class Conv2d(Module):
         return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
     def extra_repr(self):
-        text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, " \
+            f"stride={self.stride}"
         if self.padding not in ((0, 0), "valid"):
             text += f", padding={self.padding}"
         if self.dilation != (1, 1):
@@ -75,7 +78,8 @@ class ConvTranspose2d(Module):
                                   self.groups, self.dilation)
 
     def extra_repr(self):
-        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, " \
+            f"stride={self.stride}"
 
 
 class _BatchNorm(Module):
@@ -206,7 +210,8 @@ LogSoftmax = _activation("LogSoftmax", F.log_softmax, dim=None)
 
 
 class MaxPool2d(Module):
-    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False):
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False,
+                 ceil_mode=False):
         super().__init__()
         self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
         self.dilation, self.return_indices, self.ceil_mode = dilation, return_indices, ceil_mode
@@ -216,7 +221,8 @@ class MaxPool2d(Module):
                             self.return_indices)
 
     def extra_repr(self):
-        return f"kernel_size={self.kernel_size}, stride={self.stride or self.kernel_size}, padding={self.padding}"
+        return (f"kernel_size={self.kernel_size}, stride={self.stride or self.kernel_size}, "
+                f"padding={self.padding}")
 
 
 class AvgPool2d(Module):

@@ -64,7 +64,8 @@ class Optimizer:
         ids = {id(p): k for k, p in enumerate(p for g in self.param_groups for p in g["params"])}
         state = {ids[key]: {name: (value.detach() if hasattr(value, "node") else value)
                             for name, value in entry.items()} for key, entry in self.state.items()}
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [ids[id(p)] for p in g["params"]]}
+        groups = [{**{k: v for k, v in g.items() if k != "params"},
+                   "params": [ids[id(p)] for p in g["params"]]}
                   for g in self.param_groups]
         return {"state": state, "param_groups": groups}
 

@@ -44,7 +44,8 @@ class Profile:
             rows.append(f"{stats.name:<40} {stats.calls:>7} {stats.seconds * 1e3:>10.3f} "
                         f"{stats.seconds / stats.calls * 1e6:>9.1f}")
         rows.append(f"launches {self.launches}, compiles {self.compiles}, cache hits {self.cache_hits}, "
-                    f"allocated {self.bytes_allocated / 2 ** 20:.1f} MiB, peak {self.peak_bytes / 2 ** 20:.1f} MiB")
+                    f"allocated {self.bytes_allocated / 2 ** 20:.1f} MiB, "
+                    f"peak {self.peak_bytes / 2 ** 20:.1f} MiB")
         return "\n".join(rows)
 
 
