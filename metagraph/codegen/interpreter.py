@@ -7,7 +7,7 @@ import numpy as np
 
 from metagraph import dtypes
 from metagraph.errors import IndexOutOfRange, MetagraphError, at
-from metagraph.expr import Binary, Const, Extra, Select, Var
+from metagraph.expr import Const, Extra, Select, Var
 
 
 class NumpyBackend:

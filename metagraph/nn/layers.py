@@ -4,7 +4,6 @@ import math
 from metagraph import creation
 from metagraph.errors import ArgumentError
 from metagraph.nn import functional as F
-from metagraph.nn import init
 from metagraph.nn.module import Module, Parameter
 from metagraph.ops.conv import pair
 

@@ -9,7 +9,7 @@ from metagraph import dtypes
 from metagraph.errors import ArgumentError, IndexOutOfRange, MetagraphError, ShapeError, DTypeError, fail
 from metagraph.expr import Extra, Select, Var, binary, lift, parse
 from metagraph.ops import math as m
-from metagraph.ops.movement import normalize_dim, slice_dim, unsqueeze, view
+from metagraph.ops.movement import normalize_dim, unsqueeze, view
 from metagraph.ops.node import Node
 from metagraph.ops.table import apply
 

@@ -1,5 +1,4 @@
 """How many kernels a computation takes: fusion's behaviour, pinned down."""
-import numpy as np
 import pytest
 
 import metagraph as mg
