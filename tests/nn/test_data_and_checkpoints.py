@@ -35,6 +35,7 @@ def test_custom_dataset_and_collate():
 
 
 def test_digits():
+    pytest.importorskip("sklearn", reason="the digits data set comes with scikit-learn (the examples extra)")
     train, test = mg.datasets.digits(), mg.datasets.digits(train=False)
     assert len(train) + len(test) == 1797 and len(test) == 359
     image, label = train[0]
