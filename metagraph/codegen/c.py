@@ -87,7 +87,10 @@ class Renderer:
         if expr.op in ("//", "%"):
             if isinstance(expr.b, Const) and expr.b.value > 0 and value_range(expr.a, self.extents)[0] >= 0:
                 return f"({a} {'/' if expr.op == '//' else '%'} {b})"
-            return f"{'mg_floordiv' if expr.op == '//' else 'mg_floormod'}({a}, {b})"
+            low, high = value_range(expr.b, self.extents)
+            if low > 0 or high < 0:
+                return f"{'mg_floordiv' if expr.op == '//' else 'mg_floormod'}({a}, {b})"
+            return f"{'mg_index_div' if expr.op == '//' else 'mg_index_mod'}({a}, {b}, err)"
         if expr.op in ("min", "max"):
             compare = "<" if expr.op == "min" else ">"
             return f"(({a}) {compare} ({b}) ? ({a}) : ({b}))"

@@ -130,4 +130,3 @@ class Kernel:
     params: list
     body: list
     extents: dict = field(default_factory=dict)    # loop variable -> extent (for simplification)
-    sites: list = field(default_factory=list)       # error sites: (message, position) for run-time checks

@@ -12,6 +12,7 @@ from metagraph import dtypes
 from metagraph.compiler import ir
 from metagraph.compiler.fusion import materialised
 from metagraph.compiler.simplify import simplify, substitute
+from metagraph.errors import IndexOutOfRange, MetagraphError
 from metagraph.expr import Binary, Const, Extra, Var
 
 INDEX_BUDGET = 2000      # expression nodes an index may grow to before its source is materialised
@@ -23,7 +24,7 @@ class Step:
     """One kernel launch: its IR and which graph positions its parameters are."""
     kernel: ir.Kernel
     positions: list      # graph position of each kernel parameter (outputs first)
-    sites: list          # (message, graph position of the node that raises it) per error site
+    sites: list          # (error class, message, graph position of the node) per run-time check
 
 
 class _Refuse(Exception):
@@ -123,8 +124,9 @@ class _Lowering:
             self.params.append((position, ir.Param(f"p{len(self.params)}", node.dtype, node.shape, output)))
         return self.param_of[position]
 
-    def site(self, message, node):
-        self.sites.append((f"{node.op}: {message}", self.graph.position[node.id]))
+    def site(self, kind, message, node):
+        """A run-time check: its number is what a kernel writes to `err` when the check fails."""
+        self.sites.append((kind, f"{node.op}: {message}", self.graph.position[node.id]))
         return len(self.sites)
 
     def flat(self, shape, index):
@@ -158,7 +160,8 @@ class _Lowering:
         if node.op == "contiguous":
             return self.value(node.inputs[0], index, valid)
         args = tuple(self.value(source, index, valid) for source in node.inputs)
-        site = self.site("integer division by zero", node) if node.op in ("idiv", "mod") else None
+        site = self.site(MetagraphError, "integer division by zero", node) if node.op in ("idiv", "mod") \
+            else None
         return ir.Apply(node.op, args, node.dtype, site)
 
     def extras(self, node, expr):
@@ -192,8 +195,8 @@ class _Lowering:
         inner = self.value(source, mapped, _and(valid, inside))
         if inside is None:
             return inner
-        check = self.site(f"index out of bounds for shape {source.shape}", node) if node.attrs["checked"] \
-            else None
+        check = self.site(IndexOutOfRange, f"index out of bounds for shape {source.shape}", node) \
+            if node.attrs["checked"] else None
         return ir.Guard(inside, inner, node.attrs["fill"], valid, check)
 
     def reduction(self, node, index):
@@ -244,7 +247,7 @@ class _Lowering:
         positions = [position for position, _ in self.params]
         shape = "x".join(map(str, node.shape)) or "scalar"
         digest = hashlib.sha1(repr((body, params)).encode()).hexdigest()[:8]
-        kernel = ir.Kernel(f"{kind}_{shape}_{digest}", params, body, dict(self.extents), self.sites)
+        kernel = ir.Kernel(f"{kind}_{shape}_{digest}", params, body, dict(self.extents))
         return Step(kernel, positions, self.sites)
 
     def loop_nest(self, node, store):
@@ -302,8 +305,8 @@ class _Lowering:
         source = tuple(Var(d) for d in range(x.ndim))
         target = tuple(simplify(self.extras(node, e), self.extents) for e in node.attrs["index_map"])
         inside = self.inside(target, node.shape)
-        check = self.site(f"index out of bounds for shape {node.shape}", node) if node.attrs["checked"] \
-            else None
+        check = self.site(IndexOutOfRange, f"index out of bounds for shape {node.shape}", node) \
+            if node.attrs["checked"] else None
         body = [ir.ScatterAccumulate(out, self.flat(node.shape, target), node.attrs["op"],
                                      self.value(x, source, None), inside, check)]
         # Parallel only over a source variable that alone picks an output row: no two threads

@@ -5,7 +5,7 @@ import time
 import numpy as np
 
 from metagraph import flags
-from metagraph.errors import IndexOutOfRange, MetagraphError, at
+from metagraph.errors import MetagraphError, at
 from metagraph.runtime import profiler
 
 
@@ -40,7 +40,8 @@ def run(graph, steps, functions, sources, oracle=None):
 
 
 def _raise(graph, step, site):
-    message, position = step.sites[site - 1]
+    if site < 0 or site > len(step.sites):
+        raise MetagraphError(f"kernel {step.kernel.name}: an index expression divided by zero")
+    kind, message, position = step.sites[site - 1]
     where = at(graph.nodes[position].location)
-    kind = IndexOutOfRange if "out of bounds" in message else MetagraphError
     raise kind(f"{message} (node created at {where}; kernel {step.kernel.name})")

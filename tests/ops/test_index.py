@@ -154,3 +154,9 @@ def test_setitem_on_leaf_requiring_grad_is_refused():
     with mg.no_grad():
         x[0] = 1.0
     assert x.requires_grad and x.is_leaf and x[0].sum().item() == 30.0
+
+
+def test_division_by_zero_inside_an_index_expression_is_an_error():
+    x = mg.tensor(np.arange(6.0))
+    with pytest.raises(mg.MetagraphError, match="divide"):
+        x.reindex([6], ["i0 // (i0 - 2)"]).numpy()

@@ -36,6 +36,15 @@ static inline int64_t mg_imod(int64_t a, int64_t b, int64_t *err, int64_t site) 
     return mg_floormod(a, b);
 }
 static inline int64_t mg_fail(int64_t *err, int64_t site) { *err = site; return 0; }
+/* an index expression's division whose divisor can be zero: error -1, reported by the executor */
+static inline int64_t mg_index_div(int64_t a, int64_t b, int64_t *err) {
+    if (b == 0) { *err = -1; return 0; }
+    return mg_floordiv(a, b);
+}
+static inline int64_t mg_index_mod(int64_t a, int64_t b, int64_t *err) {
+    if (b == 0) { *err = -1; return 0; }
+    return mg_floormod(a, b);
+}
 
 
 void e_64_1e4a4486(char **restrict args, int64_t *restrict err) {
