@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import cffi
 import jinja2
@@ -329,14 +330,7 @@ class CBackend(CompiledBackend):
         missing = list({key: i for i, key in enumerate(keys)
                         if key not in self.functions and self.cache.find(key) is None}.values())
         if missing:
-            batch = render([kernels[i] for i in missing], self.vector_math)
-            path, source_path = self.cache.build(
-                batch, [keys[i] for i in missing],
-                lambda source, output: compile_shared(source, output, self.libraries))
-            if flags.DEBUG:
-                print(f"metagraph: compiled {len(missing)} kernel(s) into {path}", file=sys.stderr)
-            if flags.DEBUG >= 2:
-                print(batch, file=sys.stderr)
+            self._compile([kernels[i] for i in missing], [keys[i] for i in missing])
         if report is not None:
             report.compiles += len(missing)
             report.cache_hits += len(kernels) - len(missing)
@@ -346,6 +340,25 @@ class CBackend(CompiledBackend):
                 self.functions[key] = self._function(self.cache.find(key), kernel.name)
             functions.append(self.functions[key])
         return functions, sources
+
+    def _compile(self, kernels, keys):
+        """Compile new kernels: one batch (one compiler call) per core, the calls running at once."""
+        groups = min(flags.NUM_THREADS, len(kernels))
+        batches = [(kernels[g::groups], keys[g::groups]) for g in range(groups)]
+
+        def build(batch):
+            source = render(batch[0], self.vector_math)
+            path, _ = self.cache.build(source, batch[1],
+                                       lambda src, out: compile_shared(src, out, self.libraries))
+            if flags.DEBUG:
+                print(f"metagraph: compiled {len(batch[0])} kernel(s) into {path}", file=sys.stderr)
+            if flags.DEBUG >= 2:
+                print(source, file=sys.stderr)
+        if groups == 1:
+            build(batches[0])
+            return
+        with ThreadPoolExecutor(groups) as pool:      # threads wait on compiler processes
+            list(pool.map(build, batches))
 
     def _function(self, path, name):
         if path is None:
