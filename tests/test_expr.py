@@ -1,4 +1,5 @@
 """Index expressions: parsed with ast (never evaluated), printed back, checked."""
+
 import pytest
 
 from metagraph.errors import ExprError
@@ -12,9 +13,12 @@ def test_parse_builds_the_tree():
     assert parse("i0 // 2 % 3", 1) == Binary("%", Binary("//", Var(0), Const(2)), Const(3))
     assert parse("i0 if i1 < 2 else 0", 2) == Select(Binary("<", Var(1), Const(2)), Var(0), Const(0))
     assert parse("@e0(i0, i1+1)", 2, 1) == Extra(0, (Var(0), Binary("+", Var(1), Const(1))))
-    assert parse("i0 > 1 && i1 >= 0", 2) == Binary("&&", Binary("<", Const(1), Var(0)),
-                                                    Binary("<=", Const(0), Var(1)))
-    assert parse("0 <= i0 < 4", 1) == Binary("&&", Binary("<=", Const(0), Var(0)), Binary("<", Var(0), Const(4)))
+    assert parse("i0 > 1 && i1 >= 0", 2) == Binary(
+        "&&", Binary("<", Const(1), Var(0)), Binary("<=", Const(0), Var(1))
+    )
+    assert parse("0 <= i0 < 4", 1) == Binary(
+        "&&", Binary("<=", Const(0), Var(0)), Binary("<", Var(0), Const(4))
+    )
 
 
 def test_round_trip_through_str():
@@ -29,21 +33,24 @@ def test_variables_and_extras():
     assert extras_used(tree) == {1}
 
 
-@pytest.mark.parametrize("text, match", [
-    ("i0 +", "not valid syntax"),
-    ("x + 1", "unknown name 'x'"),
-    ("i3", "out of range"),
-    ("i0 / 2", "unsupported syntax"),
-    ("i0 ** 2", "unsupported syntax"),
-    ("1.5", "not an integer"),
-    ("open('f')", "unknown function"),
-    ("__import__('os').system('x')", "unsupported syntax|unknown function"),
-    ("(lambda: 0)()", "unsupported syntax"),
-    ("i0.bit_length()", "unsupported syntax"),
-    ("@e1(i0)", "2 extras|1 extras"),
-    ("min(i0)", "at least two"),
-    ("i0 is i1", "unsupported comparison"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("i0 +", "not valid syntax"),
+        ("x + 1", "unknown name 'x'"),
+        ("i3", "out of range"),
+        ("i0 / 2", "unsupported syntax"),
+        ("i0 ** 2", "unsupported syntax"),
+        ("1.5", "not an integer"),
+        ("open('f')", "unknown function"),
+        ("__import__('os').system('x')", "unsupported syntax|unknown function"),
+        ("(lambda: 0)()", "unsupported syntax"),
+        ("i0.bit_length()", "unsupported syntax"),
+        ("@e1(i0)", "2 extras|1 extras"),
+        ("min(i0)", "at least two"),
+        ("i0 is i1", "unsupported comparison"),
+    ],
+)
 def test_malformed_expressions_are_errors(text, match):
     with pytest.raises(ExprError, match=match):
         parse(text, 3, 1)

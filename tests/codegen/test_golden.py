@@ -1,6 +1,7 @@
 """Golden generated sources: what the C backend emits for a few kernels, read by a person.
 
 Regenerate after an intended change with METAGRAPH_UPDATE_GOLDEN=1 and review the diff."""
+
 import os
 
 import pytest
@@ -27,8 +28,9 @@ CASES = {
     "elementwise_chain": _fused_chain,
     "row_sum": lambda: mg.rand(8, 33).sum(1),
     "matmul": lambda: mg.rand(4, 6) @ mg.rand(6, 9),
-    "conv_bias_relu": lambda: F.relu(F.conv2d(mg.rand(2, 3, 6, 6), mg.rand(4, 3, 3, 3), padding=1)
-                                     + mg.rand(4)[:, None, None]),
+    "conv_bias_relu": lambda: F.relu(
+        F.conv2d(mg.rand(2, 3, 6, 6), mg.rand(4, 3, 3, 3), padding=1) + mg.rand(4)[:, None, None]
+    ),
     "scatter": lambda: mg.rand(5, 3).reindex_reduce("add", [3, 3], ["i0 // 2", "i1"]),
 }
 
@@ -47,4 +49,9 @@ def test_generated_source_matches_golden(name):
 def test_golden_matmul_runs_i_k_j_without_division():
     source = _sources(CASES["matmul"]())
     body = source.split("void ", 1)[1]
-    assert "float acc[9] __attribute__((aligned(64)));" in body and "acc[i1] += " in body and "/" not in body and "%" not in body
+    assert (
+        "float acc[9] __attribute__((aligned(64)));" in body
+        and "acc[i1] += " in body
+        and "/" not in body
+        and "%" not in body
+    )

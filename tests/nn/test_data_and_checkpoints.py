@@ -1,4 +1,5 @@
 """Data loading, digits, and checkpoints (ours, PyTorch's, and a malicious one)."""
+
 import os
 import pickle
 import zipfile
@@ -20,7 +21,11 @@ def test_data_loader_batches_shuffle_and_drop_last():
     assert len(mg.data.DataLoader(dataset, batch_size=4, drop_last=True)) == 2
     first = [x.tolist() for x, _ in mg.data.DataLoader(dataset, batch_size=5, shuffle=True, seed=1)]
     again = [x.tolist() for x, _ in mg.data.DataLoader(dataset, batch_size=5, shuffle=True, seed=1)]
-    assert first == again and sorted(sum(first, [])) == list(range(10)) and first != [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    assert (
+        first == again
+        and sorted(sum(first, [])) == list(range(10))
+        and first != [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    )
 
 
 def test_custom_dataset_and_collate():
@@ -30,6 +35,7 @@ def test_custom_dataset_and_collate():
 
         def __getitem__(self, i):
             return np.float32(i), i * i
+
     x, y = next(iter(mg.data.DataLoader(Squares(), batch_size=3)))
     assert x.dtype == mg.float32 and y.tolist() == [0, 1, 4]
 
@@ -56,8 +62,14 @@ def test_save_and_load_round_trip(tmp_path):
 
 def test_pytorch_checkpoint_loads_without_pytorch_and_reproduces_its_outputs():
     state = mg.load(os.path.join(FIXTURES, "small_cnn.pth"))
-    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
-                        nn.Flatten(), nn.Linear(64, 10))
+    net = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64, 10),
+    )
     net.load_state_dict(state)
     net.eval()
     io = np.load(os.path.join(FIXTURES, "small_cnn_io.npz"))
@@ -68,6 +80,7 @@ def test_malicious_pickle_is_refused(tmp_path):
     class Evil:
         def __reduce__(self):
             return (os.system, ("echo owned",))
+
     path = tmp_path / "evil.pth"
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("archive/data.pkl", pickle.dumps({"weight": Evil()}, protocol=2))

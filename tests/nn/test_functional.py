@@ -1,4 +1,5 @@
 """nn.functional composites against plain numpy references; gradients by finite differences."""
+
 import numpy as np
 import pytest
 
@@ -16,52 +17,83 @@ def f(*shape, low=-1.0, high=1.0):
 
 X = f(2, 4, 6, 5)
 W = f(3, 4, 3, 2)
-WG = f(4, 2, 3, 3)          # groups=2: 4 output channels, 2 input channels each
+WG = f(4, 2, 3, 3)  # groups=2: 4 output channels, 2 input channels each
 B = f(3)
 LOGITS = f(5, 4, low=-3, high=3)
 TARGET = np.array([0, 3, 1, 2, 3])
-DISTINCT = R.permutation(2 * 4 * 6 * 5).reshape(2, 4, 6, 5) / 10.0   # no ties for max pooling
+DISTINCT = R.permutation(2 * 4 * 6 * 5).reshape(2, 4, 6, 5) / 10.0  # no ties for max pooling
 
 CASES = {
     "linear": Case(F.linear, lambda x, w, b: x @ w.T + b, f(4, 5), f(3, 5), B),
     "linear_no_bias": Case(F.linear, lambda x, w: x @ w.T, f(2, 4, 5), f(3, 5)),
     "conv2d": Case(F.conv2d, ref.conv2d, X, W, B),
-    "conv2d_stride_pad": Case(lambda x, w: F.conv2d(x, w, stride=2, padding=1),
-                              lambda x, w: ref.conv2d(x, w, stride=2, padding=1), X, W),
-    "conv2d_dilation_groups": Case(lambda x, w: F.conv2d(x, w, padding=(2, 1), dilation=(2, 1), groups=2),
-                                   lambda x, w: ref.conv2d(x, w, padding=(2, 1), dilation=(2, 1), groups=2),
-                                   X, WG),
-    "conv2d_unbatched": Case(lambda x, w: F.conv2d(x, w, padding=1), lambda x, w: ref.conv2d(x[None], w, padding=1)[0],
-                             X[0], W),
-    "conv_transpose2d": Case(lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1),
-                             lambda x, w: ref.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1),
-                             X, f(4, 3, 3, 3)),
-    "conv_transpose2d_groups": Case(lambda x, w, b: F.conv_transpose2d(x, w, b, stride=3, groups=2, dilation=2),
-                                    lambda x, w, b: ref.conv_transpose2d(x, w, b, stride=3, groups=2, dilation=2),
-                                    X, f(4, 2, 2, 3), f(4)),
+    "conv2d_stride_pad": Case(
+        lambda x, w: F.conv2d(x, w, stride=2, padding=1),
+        lambda x, w: ref.conv2d(x, w, stride=2, padding=1),
+        X,
+        W,
+    ),
+    "conv2d_dilation_groups": Case(
+        lambda x, w: F.conv2d(x, w, padding=(2, 1), dilation=(2, 1), groups=2),
+        lambda x, w: ref.conv2d(x, w, padding=(2, 1), dilation=(2, 1), groups=2),
+        X,
+        WG,
+    ),
+    "conv2d_unbatched": Case(
+        lambda x, w: F.conv2d(x, w, padding=1), lambda x, w: ref.conv2d(x[None], w, padding=1)[0], X[0], W
+    ),
+    "conv_transpose2d": Case(
+        lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1),
+        lambda x, w: ref.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1),
+        X,
+        f(4, 3, 3, 3),
+    ),
+    "conv_transpose2d_groups": Case(
+        lambda x, w, b: F.conv_transpose2d(x, w, b, stride=3, groups=2, dilation=2),
+        lambda x, w, b: ref.conv_transpose2d(x, w, b, stride=3, groups=2, dilation=2),
+        X,
+        f(4, 2, 2, 3),
+        f(4),
+    ),
     "max_pool2d": Case(lambda x: F.max_pool2d(x, 2), lambda x: ref.pool2d(x, 2, 2, 0, "max", None), DISTINCT),
-    "max_pool2d_pad_ceil": Case(lambda x: F.max_pool2d(x, 3, 2, 1, ceil_mode=True),
-                                lambda x: ref.pool2d(x, 3, 2, 1, "max", None, ceil_mode=True), DISTINCT),
+    "max_pool2d_pad_ceil": Case(
+        lambda x: F.max_pool2d(x, 3, 2, 1, ceil_mode=True),
+        lambda x: ref.pool2d(x, 3, 2, 1, "max", None, ceil_mode=True),
+        DISTINCT,
+    ),
     "avg_pool2d": Case(lambda x: F.avg_pool2d(x, 3, 2, 1), lambda x: ref.pool2d(x, 3, 2, 1, "avg", 0), X),
     "avg_pool2d_ceil_no_pad_count": Case(
         lambda x: F.avg_pool2d(x, 2, 2, 1, ceil_mode=True, count_include_pad=False),
-        lambda x: ref.pool2d(x, 2, 2, 1, "avg", 0, ceil_mode=True, count_include_pad=False), X),
+        lambda x: ref.pool2d(x, 2, 2, 1, "avg", 0, ceil_mode=True, count_include_pad=False),
+        X,
+    ),
     "avg_pool2d_ceil_pad_count": Case(
         lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True),
-        lambda x: ref.pool2d(x, 3, 2, 1, "avg", 0, ceil_mode=True), X),
-    "adaptive_avg_pool2d": Case(lambda x: F.adaptive_avg_pool2d(x, (4, 3)),
-                                lambda x: ref.adaptive_avg_pool2d(x, (4, 3)), X),
-    "adaptive_avg_pool2d_global": Case(lambda x: F.adaptive_avg_pool2d(x, 1),
-                                       lambda x: x.mean((2, 3), keepdims=True), X),
-    "interpolate_nearest": Case(lambda x: F.interpolate(x, size=(9, 3)),
-                                lambda x: ref.interpolate_nearest(x, (9, 3)), X),
-    "interpolate_nearest_scale": Case(lambda x: F.interpolate(x, scale_factor=2),
-                                      lambda x: x.repeat(2, 2).repeat(2, 3), X),
-    "interpolate_bilinear": Case(lambda x: F.interpolate(x, size=(9, 4), mode="bilinear"),
-                                 lambda x: ref.interpolate_bilinear(x, (9, 4)), X),
+        lambda x: ref.pool2d(x, 3, 2, 1, "avg", 0, ceil_mode=True),
+        X,
+    ),
+    "adaptive_avg_pool2d": Case(
+        lambda x: F.adaptive_avg_pool2d(x, (4, 3)), lambda x: ref.adaptive_avg_pool2d(x, (4, 3)), X
+    ),
+    "adaptive_avg_pool2d_global": Case(
+        lambda x: F.adaptive_avg_pool2d(x, 1), lambda x: x.mean((2, 3), keepdims=True), X
+    ),
+    "interpolate_nearest": Case(
+        lambda x: F.interpolate(x, size=(9, 3)), lambda x: ref.interpolate_nearest(x, (9, 3)), X
+    ),
+    "interpolate_nearest_scale": Case(
+        lambda x: F.interpolate(x, scale_factor=2), lambda x: x.repeat(2, 2).repeat(2, 3), X
+    ),
+    "interpolate_bilinear": Case(
+        lambda x: F.interpolate(x, size=(9, 4), mode="bilinear"),
+        lambda x: ref.interpolate_bilinear(x, (9, 4)),
+        X,
+    ),
     "interpolate_bilinear_corners": Case(
         lambda x: F.interpolate(x, size=(3, 8), mode="bilinear", align_corners=True),
-        lambda x: ref.interpolate_bilinear(x, (3, 8), align_corners=True), X),
+        lambda x: ref.interpolate_bilinear(x, (3, 8), align_corners=True),
+        X,
+    ),
     "softmax": Case(lambda x: F.softmax(x, 1), lambda x: ref.softmax(x, 1), LOGITS * 10),
     "softmax_method_dim0": Case(lambda x: F.softmax(x, dim=0), lambda x: ref.softmax(x, 0), LOGITS),
     "log_softmax": Case(lambda x: F.log_softmax(x, -1), lambda x: ref.log_softmax(x, -1), LOGITS * 10),
@@ -69,48 +101,96 @@ CASES = {
     "cross_entropy_options": Case(
         lambda x, t, w: F.cross_entropy(x, t, weight=w, ignore_index=1, label_smoothing=0.2),
         lambda x, t, w: ref.cross_entropy(x, t, w, ignore_index=1, label_smoothing=0.2),
-        LOGITS, TARGET, f(4, low=0.5, high=2)),
+        LOGITS,
+        TARGET,
+        f(4, low=0.5, high=2),
+    ),
     "cross_entropy_sum_none": Case(
         lambda x, t: (F.cross_entropy(x, t, reduction="sum"), F.cross_entropy(x, t, reduction="none")),
         lambda x, t: (ref.cross_entropy(x, t, reduction="sum"), ref.cross_entropy(x, t, reduction="none")),
-        LOGITS, TARGET),
+        LOGITS,
+        TARGET,
+    ),
     "cross_entropy_probabilities": Case(
-        lambda x, p: F.cross_entropy(x, p), lambda x, p: np.array(-(ref.log_softmax(x, 1) * p).sum(1).mean()),
-        LOGITS, ref.softmax(f(5, 4), 1)),
+        lambda x, p: F.cross_entropy(x, p),
+        lambda x, p: np.array(-(ref.log_softmax(x, 1) * p).sum(1).mean()),
+        LOGITS,
+        ref.softmax(f(5, 4), 1),
+    ),
     "cross_entropy_spatial": Case(
         lambda x, t: F.cross_entropy(x, t),
         lambda x, t: ref.cross_entropy(x.transpose(0, 2, 1).reshape(-1, 4), t.reshape(-1)),
-        f(2, 4, 3), R.integers(0, 4, (2, 3))),
-    "nll_loss": Case(lambda x, t: F.nll_loss(x, t), lambda x, t: np.array(-x[np.arange(5), t].mean()),
-                     LOGITS, TARGET),
+        f(2, 4, 3),
+        R.integers(0, 4, (2, 3)),
+    ),
+    "nll_loss": Case(
+        lambda x, t: F.nll_loss(x, t), lambda x, t: np.array(-x[np.arange(5), t].mean()), LOGITS, TARGET
+    ),
     "mse_loss": Case(F.mse_loss, lambda a, b: np.array(((a - b) ** 2).mean()), f(3, 4), f(3, 4)),
-    "l1_loss_sum": Case(lambda a, b: F.l1_loss(a, b, reduction="sum"), lambda a, b: np.array(np.abs(a - b).sum()),
-                        f(3, 4), f(3, 4) + 3),
+    "l1_loss_sum": Case(
+        lambda a, b: F.l1_loss(a, b, reduction="sum"),
+        lambda a, b: np.array(np.abs(a - b).sum()),
+        f(3, 4),
+        f(3, 4) + 3,
+    ),
     "bce_with_logits": Case(
         F.binary_cross_entropy_with_logits,
         lambda x, y: np.array(np.mean(np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x))))),
-        f(3, 4, low=-30, high=30), R.random((3, 4))),
+        f(3, 4, low=-30, high=30),
+        R.random((3, 4)),
+    ),
     "bce_with_logits_pos_weight": Case(
         lambda x, y, p: F.binary_cross_entropy_with_logits(x, y, pos_weight=p, reduction="none"),
         lambda x, y, p: -(p * y * np.log(1 / (1 + np.exp(-x))) + (1 - y) * np.log(1 - 1 / (1 + np.exp(-x)))),
-        f(3, 4, low=-3, high=3), R.random((3, 4)), f(4, low=0.5, high=2)),
-    "binary_cross_entropy": Case(F.binary_cross_entropy,
-                                 lambda p, y: np.array(np.mean(-(y * np.log(p) + (1 - y) * np.log(1 - p)))),
-                                 f(3, 4, low=0.05, high=0.95), R.random((3, 4))),
-    "batch_norm_train": Case(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
-                             lambda x, w, b: ref.batch_norm_train(x, w, b, 1e-5), X, f(4), f(4)),
-    "batch_norm_eval": Case(lambda x, m, v: F.batch_norm(x, m, v),
-                            lambda x, m, v: (x - m[:, None, None]) / np.sqrt(v[:, None, None] + 1e-5),
-                            X, f(4), f(4, low=0.5, high=2)),
-    "batch_norm_1d": Case(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
-                          lambda x, w, b: ref.batch_norm_train(x, w, b, 1e-5), f(6, 3), f(3), f(3)),
-    "layer_norm": Case(lambda x, w, b: F.layer_norm(x, (6, 5), w, b), lambda x, w, b: ref.layer_norm(x, 2, w, b, 1e-5),
-                       X, f(6, 5), f(6, 5)),
-    "group_norm": Case(lambda x: F.group_norm(x, 2),
-                       lambda x: ref.layer_norm(x.reshape(2, 2, -1), 1, 1.0, 0.0, 1e-5).reshape(x.shape), X),
+        f(3, 4, low=-3, high=3),
+        R.random((3, 4)),
+        f(4, low=0.5, high=2),
+    ),
+    "binary_cross_entropy": Case(
+        F.binary_cross_entropy,
+        lambda p, y: np.array(np.mean(-(y * np.log(p) + (1 - y) * np.log(1 - p)))),
+        f(3, 4, low=0.05, high=0.95),
+        R.random((3, 4)),
+    ),
+    "batch_norm_train": Case(
+        lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
+        lambda x, w, b: ref.batch_norm_train(x, w, b, 1e-5),
+        X,
+        f(4),
+        f(4),
+    ),
+    "batch_norm_eval": Case(
+        lambda x, m, v: F.batch_norm(x, m, v),
+        lambda x, m, v: (x - m[:, None, None]) / np.sqrt(v[:, None, None] + 1e-5),
+        X,
+        f(4),
+        f(4, low=0.5, high=2),
+    ),
+    "batch_norm_1d": Case(
+        lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
+        lambda x, w, b: ref.batch_norm_train(x, w, b, 1e-5),
+        f(6, 3),
+        f(3),
+        f(3),
+    ),
+    "layer_norm": Case(
+        lambda x, w, b: F.layer_norm(x, (6, 5), w, b),
+        lambda x, w, b: ref.layer_norm(x, 2, w, b, 1e-5),
+        X,
+        f(6, 5),
+        f(6, 5),
+    ),
+    "group_norm": Case(
+        lambda x: F.group_norm(x, 2),
+        lambda x: ref.layer_norm(x.reshape(2, 2, -1), 1, 1.0, 0.0, 1e-5).reshape(x.shape),
+        X,
+    ),
     "embedding": Case(F.embedding, lambda i, w: w[i], np.array([[0, 4], [2, 2]]), f(5, 3)),
-    "relu6_leaky": Case(lambda x: F.relu6(x * 8) + F.leaky_relu(x, 0.2),
-                        lambda x: np.clip(x * 8, 0, 6) + np.where(x > 0, x, 0.2 * x), f(3, 4)),
+    "relu6_leaky": Case(
+        lambda x: F.relu6(x * 8) + F.leaky_relu(x, 0.2),
+        lambda x: np.clip(x * 8, 0, 6) + np.where(x > 0, x, 0.2 * x),
+        f(3, 4),
+    ),
     "dropout_eval_identity": Case(lambda x: F.dropout(x, 0.5, training=False), lambda x: x, f(3, 4)),
 }
 
@@ -152,20 +232,23 @@ def test_dropout_keeps_expectation_and_zeroes_a_fraction():
 def test_embedding_padding_row_gets_no_gradient():
     w = mg.tensor(f(5, 3), requires_grad=True)
     out = F.embedding(mg.tensor([[0, 2], [2, 4]]), w, padding_idx=2)
-    g, = mg.grad(out.sum(), [w])
+    (g,) = mg.grad(out.sum(), [w])
     np.testing.assert_array_equal(g.numpy()[:, 0], [1, 0, 0, 0, 1])
 
 
-@pytest.mark.parametrize("bad, match", [
-    (lambda: F.conv2d(mg.ones(1, 3, 5, 5), mg.ones(2, 4, 3, 3)), "expects 4 input channels|does not fit"),
-    (lambda: F.conv2d(mg.ones(1, 3, 2, 2), mg.ones(2, 3, 3, 3)), "larger than the padded input"),
-    (lambda: F.conv2d(mg.ones(3, 5, 5), mg.ones(2, 3, 3)), "weight must be 4-D"),
-    (lambda: F.cross_entropy(mg.ones(4, 3), mg.tensor([0, 1, 2])), "do not match"),
-    (lambda: F.cross_entropy(mg.ones(2, 3), mg.tensor([0, 5])).item(), "out of bounds"),
-    (lambda: F.max_pool2d(mg.ones(1, 1, 4, 4), 2, padding=2), "at most half"),
-    (lambda: F.layer_norm(mg.ones(2, 3), (4,)), "does not match"),
-    (lambda: F.interpolate(mg.ones(1, 1, 2, 2), size=3, scale_factor=2), "exactly one"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (lambda: F.conv2d(mg.ones(1, 3, 5, 5), mg.ones(2, 4, 3, 3)), "expects 4 input channels|does not fit"),
+        (lambda: F.conv2d(mg.ones(1, 3, 2, 2), mg.ones(2, 3, 3, 3)), "larger than the padded input"),
+        (lambda: F.conv2d(mg.ones(3, 5, 5), mg.ones(2, 3, 3)), "weight must be 4-D"),
+        (lambda: F.cross_entropy(mg.ones(4, 3), mg.tensor([0, 1, 2])), "do not match"),
+        (lambda: F.cross_entropy(mg.ones(2, 3), mg.tensor([0, 5])).item(), "out of bounds"),
+        (lambda: F.max_pool2d(mg.ones(1, 1, 4, 4), 2, padding=2), "at most half"),
+        (lambda: F.layer_norm(mg.ones(2, 3), (4,)), "does not match"),
+        (lambda: F.interpolate(mg.ones(1, 1, 2, 2), size=3, scale_factor=2), "exactly one"),
+    ],
+)
 def test_errors_name_the_op(bad, match):
     with pytest.raises(mg.MetagraphError, match=match):
         bad()
@@ -174,10 +257,12 @@ def test_errors_name_the_op(bad, match):
 def test_dropout_gradient_with_a_fixed_mask():
     from metagraph.ops import loss as ops_loss
     from metagraph.tensor import Tensor
+
     uniform = mg.tensor(R.random((3, 4)))
 
     def dropped(x):
         return Tensor(ops_loss.dropout(x.node, 0.3, uniform.node))
+
     keep = uniform.numpy() >= 0.3
     check_forward(dropped, lambda x: np.where(keep, x / 0.7, 0.0), f(3, 4))
     check_grad(dropped, f(3, 4))

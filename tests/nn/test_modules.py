@@ -1,4 +1,5 @@
 """nn.Module mechanics and layers against numpy references; running statistics by hand."""
+
 import numpy as np
 import pytest
 
@@ -22,13 +23,32 @@ class Net(nn.Module):
 
 def test_registration_and_traversal():
     net = Net()
-    assert [n for n, _ in net.named_parameters()] == ["conv.weight", "conv.bias", "bn.weight", "bn.bias",
-                                                       "head.1.weight", "head.1.bias"]
-    assert [n for n, _ in net.named_buffers()] == ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]
+    assert [n for n, _ in net.named_parameters()] == [
+        "conv.weight",
+        "conv.bias",
+        "bn.weight",
+        "bn.bias",
+        "head.1.weight",
+        "head.1.bias",
+    ]
+    assert [n for n, _ in net.named_buffers()] == [
+        "bn.running_mean",
+        "bn.running_var",
+        "bn.num_batches_tracked",
+    ]
     assert [n for n, _ in net.named_children()] == ["conv", "bn", "head"]
     assert len(list(net.modules())) == 6
-    assert list(net.state_dict()) == ["conv.weight", "conv.bias", "bn.weight", "bn.bias", "bn.running_mean",
-                                      "bn.running_var", "bn.num_batches_tracked", "head.1.weight", "head.1.bias"]
+    assert list(net.state_dict()) == [
+        "conv.weight",
+        "conv.bias",
+        "bn.weight",
+        "bn.bias",
+        "bn.running_mean",
+        "bn.running_var",
+        "bn.num_batches_tracked",
+        "head.1.weight",
+        "head.1.bias",
+    ]
     assert "Conv2d(1, 2, kernel_size=(3, 3)" in repr(net) and "(head): Sequential(" in repr(net)
     assert all(p.requires_grad and p.is_leaf for p in net.parameters())
 
@@ -68,8 +88,9 @@ def test_batch_norm_running_statistics_by_hand():
     for x in batches:
         out = bn(mg.tensor(x)).numpy()
         m, v = x.mean((0, 2, 3)), x.var((0, 2, 3))
-        np.testing.assert_allclose(out, (x - m[None, :, None, None]) / np.sqrt(v[None, :, None, None] + 1e-5),
-                                   rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(
+            out, (x - m[None, :, None, None]) / np.sqrt(v[None, :, None, None] + 1e-5), rtol=1e-4, atol=1e-4
+        )
         mean = 0.9 * mean + 0.1 * m
         var = 0.9 * var + 0.1 * x.var((0, 2, 3), ddof=1)
     np.testing.assert_allclose(bn.running_mean.numpy(), mean, rtol=1e-5)
@@ -86,8 +107,9 @@ def test_cumulative_moving_average_when_momentum_is_none():
     xs = [R.normal(size=(5, 2)).astype(np.float32) for _ in range(4)]
     for x in xs:
         bn(mg.tensor(x))
-    np.testing.assert_allclose(bn.running_mean.numpy(), np.mean([x.mean(0) for x in xs], 0), rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        bn.running_mean.numpy(), np.mean([x.mean(0) for x in xs], 0), rtol=1e-5, atol=1e-6
+    )
 
 
 LAYERS = {
@@ -97,10 +119,25 @@ LAYERS = {
     "LayerNorm": (lambda: nn.LayerNorm(4), (3, 4)),
     "GroupNorm": (lambda: nn.GroupNorm(2, 4), (2, 4, 3)),
     "Embedding": (lambda: nn.Embedding(5, 3), None),
-    "activations": (lambda: nn.Sequential(nn.ReLU6(), nn.LeakyReLU(0.1), nn.GELU(), nn.SiLU(), nn.Tanh(),
-                                          nn.Sigmoid(), nn.Softmax(dim=1), nn.LogSoftmax(dim=1)), (3, 4)),
-    "pools": (lambda: nn.Sequential(nn.MaxPool2d(2), nn.AvgPool2d(2, padding=1), nn.AdaptiveAvgPool2d(1),
-                                    nn.Flatten(), nn.Identity()), (1, 2, 6, 6)),
+    "activations": (
+        lambda: nn.Sequential(
+            nn.ReLU6(),
+            nn.LeakyReLU(0.1),
+            nn.GELU(),
+            nn.SiLU(),
+            nn.Tanh(),
+            nn.Sigmoid(),
+            nn.Softmax(dim=1),
+            nn.LogSoftmax(dim=1),
+        ),
+        (3, 4),
+    ),
+    "pools": (
+        lambda: nn.Sequential(
+            nn.MaxPool2d(2), nn.AvgPool2d(2, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Identity()
+        ),
+        (1, 2, 6, 6),
+    ),
 }
 
 
@@ -133,10 +170,12 @@ def test_default_initialisation_bounds():
 
 def test_losses_as_modules():
     x, t = mg.tensor(R.normal(size=(4, 3))), mg.tensor([0, 2, 1, 1])
-    assert nn.CrossEntropyLoss(label_smoothing=0.1)(x, t).item() == \
-        pytest.approx(nn.functional.cross_entropy(x, t, label_smoothing=0.1).item())
-    assert nn.CrossEntropyLoss(weight=mg.tensor([1.0, 2.0, 3.0]))(x, t).item() == \
-        pytest.approx(nn.functional.cross_entropy(x, t, weight=mg.tensor([1.0, 2.0, 3.0])).item())
+    assert nn.CrossEntropyLoss(label_smoothing=0.1)(x, t).item() == pytest.approx(
+        nn.functional.cross_entropy(x, t, label_smoothing=0.1).item()
+    )
+    assert nn.CrossEntropyLoss(weight=mg.tensor([1.0, 2.0, 3.0]))(x, t).item() == pytest.approx(
+        nn.functional.cross_entropy(x, t, weight=mg.tensor([1.0, 2.0, 3.0])).item()
+    )
     y = mg.tensor(R.random((4, 3)))
     assert nn.MSELoss(reduction="sum")(x, y).item() == pytest.approx(((x - y) ** 2).sum().item())
     assert nn.BCEWithLogitsLoss(pos_weight=mg.tensor([2.0, 1.0, 1.0]))(x, y).item() > 0

@@ -1,4 +1,5 @@
 """Optimizers and schedules against hand-computed values (and PyTorch when installed)."""
+
 import numpy as np
 import pytest
 
@@ -11,7 +12,7 @@ def quadratic_steps(optimizer_class, steps=3, **kwargs):
     opt = optimizer_class([w], **kwargs)
     for _ in range(steps):
         opt.zero_grad()
-        (w * w).sum().backward()          # gradient 2w
+        (w * w).sum().backward()  # gradient 2w
         opt.step()
     return w.numpy(), opt
 
@@ -33,27 +34,35 @@ def test_adam_by_hand():
         g = 2 * w
         m = 0.9 * m + 0.1 * g
         v = 0.999 * v + 0.001 * g * g
-        w = w - 0.1 * (m / (1 - 0.9 ** t)) / (np.sqrt(v / (1 - 0.999 ** t)) + 1e-8)
+        w = w - 0.1 * (m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
     np.testing.assert_allclose(got, w, rtol=1e-12)
     state = opt.state_dict()
     assert state["state"][0]["step"] == 3 and state["param_groups"][0]["lr"] == 0.1
 
 
-@pytest.mark.parametrize("name, kwargs", [("SGD", dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)),
-                                          ("Adam", dict(lr=0.01, weight_decay=0.1, amsgrad=True)),
-                                          ("AdamW", dict(lr=0.01)),
-                                          ("RMSprop", dict(lr=0.01, momentum=0.5, centered=True))])
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [
+        ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)),
+        ("Adam", dict(lr=0.01, weight_decay=0.1, amsgrad=True)),
+        ("AdamW", dict(lr=0.01)),
+        ("RMSprop", dict(lr=0.01, momentum=0.5, centered=True)),
+    ],
+)
 def test_against_pytorch(name, kwargs):
     torch = pytest.importorskip("torch")
     w0 = np.random.default_rng(0).standard_normal((3, 4))
     ours, theirs = nn.Parameter(mg.tensor(w0)), torch.nn.Parameter(torch.tensor(w0))
-    opt_ours, opt_theirs = getattr(optim, name)([ours], **kwargs), getattr(torch.optim, name)([theirs], **kwargs)
+    opt_ours, opt_theirs = (
+        getattr(optim, name)([ours], **kwargs),
+        getattr(torch.optim, name)([theirs], **kwargs),
+    )
     for _ in range(4):
         opt_ours.zero_grad()
-        (ours ** 3).sum().backward()
+        (ours**3).sum().backward()
         opt_ours.step()
         opt_theirs.zero_grad()
-        (theirs ** 3).sum().backward()
+        (theirs**3).sum().backward()
         opt_theirs.step()
     np.testing.assert_allclose(ours.numpy(), theirs.detach().numpy(), rtol=1e-10, atol=1e-12)
 
@@ -87,9 +96,14 @@ def test_schedules():
             out.append(opt.param_groups[0]["lr"])
             scheduler.step()
         return out
+
     assert lrs(lambda o: optim.lr_scheduler.StepLR(o, 2, 0.5)) == [1, 1, 0.5, 0.5, 0.25, 0.25]
-    assert lrs(lambda o: optim.lr_scheduler.MultiStepLR(o, [1, 4], 0.1)) == pytest.approx([1, 0.1, 0.1, 0.1, 0.01, 0.01])
-    assert lrs(lambda o: optim.lr_scheduler.LambdaLR(o, lambda e: 1 / (e + 1)), 3) == pytest.approx([1, 0.5, 1 / 3])
+    assert lrs(lambda o: optim.lr_scheduler.MultiStepLR(o, [1, 4], 0.1)) == pytest.approx(
+        [1, 0.1, 0.1, 0.1, 0.01, 0.01]
+    )
+    assert lrs(lambda o: optim.lr_scheduler.LambdaLR(o, lambda e: 1 / (e + 1)), 3) == pytest.approx(
+        [1, 0.5, 1 / 3]
+    )
     cosine = lrs(lambda o: optim.lr_scheduler.CosineAnnealingLR(o, T_max=4), 5)
     assert cosine == pytest.approx([1, 0.8535533905932737, 0.5, 0.14644660940672627, 0.0])
 

@@ -1,4 +1,5 @@
 """Indexing: getitem/setitem as numpy does them, gather/scatter, one_hot, cumsum, reindex strings."""
+
 import numpy as np
 import pytest
 
@@ -20,6 +21,7 @@ def setitem(key, value):
         out = a.copy()
         out[key] = value
         return out
+
     return fn, ref
 
 
@@ -38,35 +40,72 @@ KEYS = {
     "bool_mask": X[:, 0, 0] > 0,
 }
 
-CASES = {f"getitem_{name}": Case(lambda a, k=key: a[k], lambda a, k=key: a[k], X) for name, key in KEYS.items()}
-CASES.update({
-    "setitem_slice": Case(*setitem((slice(1, 3), 0), 7.0), X),
-    "setitem_broadcast": Case(*setitem((Ellipsis, slice(None, None, 2)), np.arange(3.0)), X),
-    "setitem_tensor_index": Case(*setitem((np.array([0, 2]),), 0.5), X),
-    "gather": Case(lambda a, i: a.gather(1, i), lambda a, i: np.take_along_axis(a, i, 1),
-                   X, R.integers(0, 5, (4, 3, 6))),
-    "gather_smaller": Case(lambda a, i: mg.gather(a, 2, i), lambda a, i: np.take_along_axis(a[:2, :3], i, 2),
-                           X, R.integers(-6, 6, (2, 3, 4)) % 6),
-    "scatter_add": Case(lambda a, i, s: a.scatter_add(0, i, s),
-                        lambda a, i, s: _scatter_add(a, 0, i, s), X[0], R.integers(0, 5, (3, 6)), X[1, :4]),
-    "index_select": Case(lambda a, i: a.index_select(2, i), lambda a, i: a[:, :, i], X, np.array([5, 0, 0, 2])),
-    "index_add": Case(lambda a, i, s: a.index_add(0, i, s),
-                      lambda a, i, s: _index_add(a, i, s), X[:, :2], np.array([1, 1, 3]), X[1:, 2:4]),
-    "cumsum": Case(lambda a: a.cumsum(2), lambda a: np.cumsum(a, 2), X),
-    "cumsum_dim0": Case(lambda a: mg.cumsum(a, 0), lambda a: np.cumsum(a, 0), X),
-    "masked_fill": Case(lambda a, m: a.masked_fill(m, -2.0), lambda a, m: np.where(m, -2.0, a), X, X > 0.3),
-    "reindex_strings": Case(lambda a: a.reindex([4, 7, 3], ["i0", "i1-1", "i2*2"], overflow_value=0.5),
-                            lambda a: _shift(a), X),
-    "reindex_reduce_strings": Case(lambda a: a.reindex_reduce("add", [4, 3], ["i0", "i1 // 2"]),
-                                   lambda a: a[..., 0::2].sum(1)[:, :3] * 0 + _pairsum(a), X),
-    "reindex_reduce_min": Case(lambda a: mg.reindex_reduce(a, "min", [4], ["i0"]),
-                               lambda a: a.min((1, 2)), X),
-    "reindex_select_expression": Case(lambda a: a.reindex([6], ["i0 if i0 < 4 else 3", "0", "i0 % 6"]),
-                                      lambda a: a[np.minimum(np.arange(6), 3), 0, np.arange(6)], X),
-    "reindex_extras": Case(lambda a, i: a.reindex([2, 2, 6], ["@e0(i0, i1)", "i1", "i2"], extras=[mg.tensor(i)]),
-                           lambda a, i: a[i[:, :, None], np.arange(2)[None, :, None], np.arange(6)],
-                           X, np.array([[0, 3], [1, 2]])),
-})
+CASES = {
+    f"getitem_{name}": Case(lambda a, k=key: a[k], lambda a, k=key: a[k], X) for name, key in KEYS.items()
+}
+CASES.update(
+    {
+        "setitem_slice": Case(*setitem((slice(1, 3), 0), 7.0), X),
+        "setitem_broadcast": Case(*setitem((Ellipsis, slice(None, None, 2)), np.arange(3.0)), X),
+        "setitem_tensor_index": Case(*setitem((np.array([0, 2]),), 0.5), X),
+        "gather": Case(
+            lambda a, i: a.gather(1, i),
+            lambda a, i: np.take_along_axis(a, i, 1),
+            X,
+            R.integers(0, 5, (4, 3, 6)),
+        ),
+        "gather_smaller": Case(
+            lambda a, i: mg.gather(a, 2, i),
+            lambda a, i: np.take_along_axis(a[:2, :3], i, 2),
+            X,
+            R.integers(-6, 6, (2, 3, 4)) % 6,
+        ),
+        "scatter_add": Case(
+            lambda a, i, s: a.scatter_add(0, i, s),
+            lambda a, i, s: _scatter_add(a, 0, i, s),
+            X[0],
+            R.integers(0, 5, (3, 6)),
+            X[1, :4],
+        ),
+        "index_select": Case(
+            lambda a, i: a.index_select(2, i), lambda a, i: a[:, :, i], X, np.array([5, 0, 0, 2])
+        ),
+        "index_add": Case(
+            lambda a, i, s: a.index_add(0, i, s),
+            lambda a, i, s: _index_add(a, i, s),
+            X[:, :2],
+            np.array([1, 1, 3]),
+            X[1:, 2:4],
+        ),
+        "cumsum": Case(lambda a: a.cumsum(2), lambda a: np.cumsum(a, 2), X),
+        "cumsum_dim0": Case(lambda a: mg.cumsum(a, 0), lambda a: np.cumsum(a, 0), X),
+        "masked_fill": Case(
+            lambda a, m: a.masked_fill(m, -2.0), lambda a, m: np.where(m, -2.0, a), X, X > 0.3
+        ),
+        "reindex_strings": Case(
+            lambda a: a.reindex([4, 7, 3], ["i0", "i1-1", "i2*2"], overflow_value=0.5), lambda a: _shift(a), X
+        ),
+        "reindex_reduce_strings": Case(
+            lambda a: a.reindex_reduce("add", [4, 3], ["i0", "i1 // 2"]),
+            lambda a: a[..., 0::2].sum(1)[:, :3] * 0 + _pairsum(a),
+            X,
+        ),
+        "reindex_reduce_min": Case(
+            lambda a: mg.reindex_reduce(a, "min", [4], ["i0"]), lambda a: a.min((1, 2)), X
+        ),
+        "reindex_select_expression": Case(
+            lambda a: a.reindex([6], ["i0 if i0 < 4 else 3", "0", "i0 % 6"]),
+            lambda a: a[np.minimum(np.arange(6), 3), 0, np.arange(6)],
+            X,
+        ),
+        "reindex_extras": Case(
+            lambda a, i: a.reindex([2, 2, 6], ["@e0(i0, i1)", "i1", "i2"], extras=[mg.tensor(i)]),
+            lambda a, i: a[i[:, :, None], np.arange(2)[None, :, None], np.arange(6)],
+            X,
+            np.array([[0, 3], [1, 2]]),
+        ),
+    }
+)
 
 
 def _scatter_add(a, dim, index, src):
@@ -98,8 +137,9 @@ def _pairsum(a):
     return out
 
 
-CASES["reindex_reduce_strings"] = Case(lambda a: a[:, :, 0].reindex_reduce("add", [4, 3], ["i0", "i1 // 2"]),
-                                       _pairsum, X)
+CASES["reindex_reduce_strings"] = Case(
+    lambda a: a[:, :, 0].reindex_reduce("add", [4, 3], ["i0", "i1 // 2"]), _pairsum, X
+)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -130,18 +170,21 @@ def test_cumsum_of_ints_is_int64():
     assert out.dtype == mg.int64 and out.tolist() == [1, 3, 6]
 
 
-@pytest.mark.parametrize("bad, error, match", [
-    (lambda x: x[4], IndexError, "out of bounds"),
-    (lambda x: x[0, 0, 0, 0], IndexError, "too many indices"),
-    (lambda x: x[..., ...], IndexError, "single ellipsis"),
-    (lambda x: x[mg.tensor([0, 9])].numpy(), IndexError, "out of bounds"),
-    (lambda x: x.gather(1, mg.tensor(np.full((4, 5, 6), 7))).numpy(), IndexError, "out of bounds"),
-    (lambda x: x[mg.tensor([0.5])], IndexError, "integer or bool"),
-    (lambda x: x.reindex([2], ["i0 + j", "0", "0"]), ValueError, "unknown name 'j'"),
-    (lambda x: x.reindex([2], ["i0", "i1", "i2"]), ValueError, "i1 is out of range"),
-    (lambda x: x.reindex([2], ["__import__('os')", "0", "0"]), ValueError, "unknown function"),
-    (lambda x: x.reindex([2], ["i0.real", "0", "0"]), ValueError, "unsupported syntax"),
-])
+@pytest.mark.parametrize(
+    "bad, error, match",
+    [
+        (lambda x: x[4], IndexError, "out of bounds"),
+        (lambda x: x[0, 0, 0, 0], IndexError, "too many indices"),
+        (lambda x: x[..., ...], IndexError, "single ellipsis"),
+        (lambda x: x[mg.tensor([0, 9])].numpy(), IndexError, "out of bounds"),
+        (lambda x: x.gather(1, mg.tensor(np.full((4, 5, 6), 7))).numpy(), IndexError, "out of bounds"),
+        (lambda x: x[mg.tensor([0.5])], IndexError, "integer or bool"),
+        (lambda x: x.reindex([2], ["i0 + j", "0", "0"]), ValueError, "unknown name 'j'"),
+        (lambda x: x.reindex([2], ["i0", "i1", "i2"]), ValueError, "i1 is out of range"),
+        (lambda x: x.reindex([2], ["__import__('os')", "0", "0"]), ValueError, "unknown function"),
+        (lambda x: x.reindex([2], ["i0.real", "0", "0"]), ValueError, "unsupported syntax"),
+    ],
+)
 def test_errors(bad, error, match):
     with pytest.raises(error, match=match):
         bad(mg.tensor(X))

@@ -1,4 +1,5 @@
 """Movement ops are reindex views: values, shapes and gradients (a scatter back)."""
+
 import numpy as np
 import pytest
 
@@ -13,8 +14,9 @@ CASES = {
     "reshape": Case(lambda a: a.reshape(4, -1), lambda a: a.reshape(4, -1), X),
     "view_tuple": Case(lambda a: a.view((3, 8)), lambda a: a.reshape(3, 8), X),
     "reshape_ones": Case(lambda a: a.reshape(1, 2, 1, 12, 1), lambda a: a.reshape(1, 2, 1, 12, 1), X),
-    "reshape_of_transpose": Case(lambda a: a.transpose(0, 2).reshape(8, 3),
-                                 lambda a: a.transpose(2, 1, 0).reshape(8, 3), X),
+    "reshape_of_transpose": Case(
+        lambda a: a.transpose(0, 2).reshape(8, 3), lambda a: a.transpose(2, 1, 0).reshape(8, 3), X
+    ),
     "flatten": Case(lambda a: a.flatten(1), lambda a: a.reshape(2, 12), X),
     "flatten_middle": Case(lambda a: mg.flatten(a, 0, 1), lambda a: a.reshape(6, 4), X),
     "unflatten": Case(lambda a: a.unflatten(2, (2, 2)), lambda a: a.reshape(2, 3, 2, 2), X),
@@ -26,21 +28,43 @@ CASES = {
     "T": Case(lambda a: a.T, lambda a: a.T, X[0]),
     "mT": Case(lambda a: a.mT, lambda a: a.swapaxes(-1, -2), X),
     "expand": Case(lambda a: a.expand(3, -1, 4), lambda a: np.broadcast_to(a, (3, 2, 4)), X[:, :1, 0]),
-    "broadcast_to": Case(lambda a: mg.broadcast_to(a, (2, 3, 4)), lambda a: np.broadcast_to(a, (2, 3, 4)), X[0, 0]),
+    "broadcast_to": Case(
+        lambda a: mg.broadcast_to(a, (2, 3, 4)), lambda a: np.broadcast_to(a, (2, 3, 4)), X[0, 0]
+    ),
     "flip": Case(lambda a: a.flip((0, 2)), lambda a: np.flip(a, (0, 2)), X),
-    "pad_constant": Case(lambda a: mg.nn.functional.pad(a, (1, 2, 0, 1), value=0.5),
-                         lambda a: np.pad(a, ((0, 0), (0, 1), (1, 2)), constant_values=0.5), X),
-    "pad_negative_crops": Case(lambda a: mg.nn.functional.pad(a, (-1, 2)),
-                               lambda a: np.pad(a, ((0, 0), (0, 0), (0, 2)))[..., 1:], X),
-    "pad_reflect": Case(lambda a: mg.nn.functional.pad(a, (2, 3, 1, 1), mode="reflect"),
-                        lambda a: np.pad(a, ((0, 0), (1, 1), (2, 3)), mode="reflect"), X),
-    "pad_replicate": Case(lambda a: mg.nn.functional.pad(a, (2, 1), mode="replicate"),
-                          lambda a: np.pad(a, ((0, 0), (0, 0), (2, 1)), mode="edge"), X),
-    "pad_circular": Case(lambda a: mg.nn.functional.pad(a, (2, 1, 1, 0), mode="circular"),
-                         lambda a: np.pad(a, ((0, 0), (1, 0), (2, 1)), mode="wrap"), X),
-    "cat": Case(lambda a, b: mg.cat([a, b, a], 1), lambda a, b: np.concatenate([a, b, a], 1), X, X[:, :2] * 2),
-    "cat_promotes": Case(lambda a, b: mg.cat([a, b]), lambda a, b: np.concatenate([a, b.astype(np.float64)]),
-                         X[0], np.ones((3, 4), dtype=np.int64), grad=False),
+    "pad_constant": Case(
+        lambda a: mg.nn.functional.pad(a, (1, 2, 0, 1), value=0.5),
+        lambda a: np.pad(a, ((0, 0), (0, 1), (1, 2)), constant_values=0.5),
+        X,
+    ),
+    "pad_negative_crops": Case(
+        lambda a: mg.nn.functional.pad(a, (-1, 2)), lambda a: np.pad(a, ((0, 0), (0, 0), (0, 2)))[..., 1:], X
+    ),
+    "pad_reflect": Case(
+        lambda a: mg.nn.functional.pad(a, (2, 3, 1, 1), mode="reflect"),
+        lambda a: np.pad(a, ((0, 0), (1, 1), (2, 3)), mode="reflect"),
+        X,
+    ),
+    "pad_replicate": Case(
+        lambda a: mg.nn.functional.pad(a, (2, 1), mode="replicate"),
+        lambda a: np.pad(a, ((0, 0), (0, 0), (2, 1)), mode="edge"),
+        X,
+    ),
+    "pad_circular": Case(
+        lambda a: mg.nn.functional.pad(a, (2, 1, 1, 0), mode="circular"),
+        lambda a: np.pad(a, ((0, 0), (1, 0), (2, 1)), mode="wrap"),
+        X,
+    ),
+    "cat": Case(
+        lambda a, b: mg.cat([a, b, a], 1), lambda a, b: np.concatenate([a, b, a], 1), X, X[:, :2] * 2
+    ),
+    "cat_promotes": Case(
+        lambda a, b: mg.cat([a, b]),
+        lambda a, b: np.concatenate([a, b.astype(np.float64)]),
+        X[0],
+        np.ones((3, 4), dtype=np.int64),
+        grad=False,
+    ),
     "stack": Case(lambda a, b: mg.stack([a, b], -1), lambda a, b: np.stack([a, b], -1), X, -X),
     "split": Case(lambda a: a.split(3, -1), lambda a: (a[..., :3], a[..., 3:]), X),
     "split_sections": Case(lambda a: mg.split(a, [1, 2], 1), lambda a: (a[:, :1], a[:, 1:]), X),
@@ -66,14 +90,17 @@ def test_gradient(name):
     run_grad(CASES[name])
 
 
-@pytest.mark.parametrize("bad, match", [
-    (lambda x: x.reshape(5, -1), "invalid for input of size 24"),
-    (lambda x: x.permute(0, 0, 1), "permutation"),
-    (lambda x: x.expand(2, 5, 4), "cannot expand"),
-    (lambda x: mg.cat([x, x[:, :, :2]], 1), "differ outside dimension 1"),
-    (lambda x: x.split([1, 1], 1), "do not sum"),
-    (lambda x: mg.nn.functional.pad(x, (4, 4), mode="reflect"), "smaller"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (lambda x: x.reshape(5, -1), "invalid for input of size 24"),
+        (lambda x: x.permute(0, 0, 1), "permutation"),
+        (lambda x: x.expand(2, 5, 4), "cannot expand"),
+        (lambda x: mg.cat([x, x[:, :, :2]], 1), "differ outside dimension 1"),
+        (lambda x: x.split([1, 1], 1), "do not sum"),
+        (lambda x: mg.nn.functional.pad(x, (4, 4), mode="reflect"), "smaller"),
+    ],
+)
 def test_errors_name_the_op(bad, match):
     with pytest.raises(mg.MetagraphError, match=match):
         bad(mg.tensor(X))

@@ -1,4 +1,5 @@
 """Reductions: dim as int, tuple or None, keepdim, dtypes, and PyTorch's (values, indices)."""
+
 import numpy as np
 import pytest
 
@@ -29,26 +30,32 @@ CASES = {
     "max_all": Case(lambda a: a.max(), np.max, X),
     "min_all": Case(lambda a: mg.min(a), np.min, X),
     "max_dim": Case(lambda a: a.max(1), lambda a: (a.max(1), a.argmax(1)), X),
-    "min_dim_keepdim": Case(lambda a: a.min(0, keepdim=True),
-                            lambda a: (a.min(0, keepdims=True), a.argmin(0)[None]), X),
+    "min_dim_keepdim": Case(
+        lambda a: a.min(0, keepdim=True), lambda a: (a.min(0, keepdims=True), a.argmin(0)[None]), X
+    ),
     "var": Case(lambda a: a.var(1), lambda a: a.var(1, ddof=1), X),
     "var_biased": Case(lambda a: a.var((0, 2), correction=0), lambda a: a.var((0, 2)), X),
     "var_all": Case(lambda a: a.var(), lambda a: a.var(ddof=1), X),
     "std": Case(lambda a: a.std(2, keepdim=True), lambda a: a.std(2, ddof=1, keepdims=True), X),
     "logsumexp": Case(lambda a: a.logsumexp(1), lambda a: logsumexp(a, 1), X * 30),
-    "logsumexp_keepdim": Case(lambda a: mg.logsumexp(a, (0, 2), keepdim=True),
-                              lambda a: logsumexp(a, (0, 2), True), X),
+    "logsumexp_keepdim": Case(
+        lambda a: mg.logsumexp(a, (0, 2), keepdim=True), lambda a: logsumexp(a, (0, 2), True), X
+    ),
 }
 
 INDEX_CASES = {
     "argmax_all": Case(lambda a: a.argmax(), lambda a: np.array(a.argmax()), X),
     "argmax_dim": Case(lambda a: a.argmax(1), lambda a: a.argmax(1), X),
     "argmin_keepdim": Case(lambda a: a.argmin(-1, keepdim=True), lambda a: a.argmin(-1)[..., None], X),
-    "argmax_ties_first": Case(lambda a: a.argmax(1), lambda a: a.argmax(1),
-                              np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]])),
-    "argmax_nan": Case(lambda a: a.argmax(1), lambda a: np.array([1, 0]),
-                       np.array([[1.0, np.nan, 3.0], [2.0, 2.0, 0.0]])),
-    "sum_int": Case(lambda a: a.sum(0), lambda a: a.sum(0).astype(np.int64), R.integers(-5, 5, (3, 4)).astype(np.int32)),
+    "argmax_ties_first": Case(
+        lambda a: a.argmax(1), lambda a: a.argmax(1), np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]])
+    ),
+    "argmax_nan": Case(
+        lambda a: a.argmax(1), lambda a: np.array([1, 0]), np.array([[1.0, np.nan, 3.0], [2.0, 2.0, 0.0]])
+    ),
+    "sum_int": Case(
+        lambda a: a.sum(0), lambda a: a.sum(0).astype(np.int64), R.integers(-5, 5, (3, 4)).astype(np.int32)
+    ),
     "sum_bool": Case(lambda a: a.sum(), lambda a: np.array(a.sum(), dtype=np.int64), R.random((3, 4)) < 0.5),
     "prod_int": Case(lambda a: a.prod(1), lambda a: a.prod(1), R.integers(-3, 4, (3, 4))),
     "amax_int": Case(lambda a: a.amax(1), lambda a: a.max(1), R.integers(-50, 50, (3, 4)).astype(np.int8)),
@@ -56,8 +63,12 @@ INDEX_CASES = {
     "any": Case(lambda a: a.any(1), lambda a: a.any(1), R.random((3, 4)) < 0.2),
     "all": Case(lambda a: a.all(), lambda a: np.array(a.all()), R.random((3, 4)) < 0.9),
     "any_int": Case(lambda a: mg.any(a, 0), lambda a: a.any(0), R.integers(0, 2, (3, 4))),
-    "mean_float16": Case(lambda a: a.mean(1), lambda a: a.astype(np.float32).mean(1).astype(np.float16),
-                         R.uniform(0, 1, (4, 300)).astype(np.float16), rtol=2e-3),
+    "mean_float16": Case(
+        lambda a: a.mean(1),
+        lambda a: a.astype(np.float32).mean(1).astype(np.float16),
+        R.uniform(0, 1, (4, 300)).astype(np.float16),
+        rtol=2e-3,
+    ),
 }
 
 
@@ -84,13 +95,13 @@ def test_indices_and_integer_reductions(name):
 def test_max_dim_gradient_goes_to_the_chosen_index():
     x = mg.tensor([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]], requires_grad=True)
     values, _ = x.max(1)
-    g, = mg.grad(values.sum(), [x])
+    (g,) = mg.grad(values.sum(), [x])
     np.testing.assert_array_equal(g.numpy(), [[0, 1, 0], [1, 0, 0]])
 
 
 def test_amax_gradient_is_shared_among_ties():
     x = mg.tensor([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]], requires_grad=True)
-    g, = mg.grad(x.amax(1).sum(), [x])
+    (g,) = mg.grad(x.amax(1).sum(), [x])
     np.testing.assert_array_equal(g.numpy(), [[0, 0.5, 0.5], [0.5, 0.5, 0]])
 
 

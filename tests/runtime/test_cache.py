@@ -1,5 +1,6 @@
 """The disk cache: a second process compiles nothing; a killed compile or a corrupt entry
 leaves a cache that still works; compile errors say where to look."""
+
 import os
 import signal
 import subprocess
@@ -29,8 +30,9 @@ PROGRAM = textwrap.dedent("""
 def run(cache_dir, env=None, program=PROGRAM):
     environment = {k: v for k, v in os.environ.items() if k != "METAGRAPH_BACKEND"}
     environment.update(METAGRAPH_CACHE_DIR=str(cache_dir), **(env or {}))
-    return subprocess.run([sys.executable, "-c", program], env=environment, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", program], env=environment, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_second_process_compiles_nothing(tmp_path):
@@ -42,25 +44,33 @@ def test_second_process_compiles_nothing(tmp_path):
     assert "compiles 0 hits" in second.stdout, second.stdout
     sources = [f for f in os.listdir(tmp_path) if f.endswith(".c")]
     assert sources and all(os.path.exists(tmp_path / (f[:-2] + ".so")) for f in sources)
-    assert "void " in (tmp_path / sources[0]).read_text()      # the source sits beside its binary
+    assert "void " in (tmp_path / sources[0]).read_text()  # the source sits beside its binary
 
 
 def test_killed_compile_leaves_a_usable_cache(tmp_path):
-    compiler = tmp_path / "cc-wrapper"         # sleeps inside compiles while SLOW is set
+    compiler = tmp_path / "cc-wrapper"  # sleeps inside compiles while SLOW is set
     marker = tmp_path / "compiling"
-    compiler.write_text('#!/bin/sh\ncase "$*" in *-shared*) [ -n "$SLOW" ] && touch "$MARKER" && sleep 60;; esac\n'
-                        'exec cc "$@"\n')
+    compiler.write_text(
+        '#!/bin/sh\ncase "$*" in *-shared*) [ -n "$SLOW" ] && touch "$MARKER" && sleep 60;; esac\n'
+        'exec cc "$@"\n'
+    )
     compiler.chmod(0o755)
     environment = {k: v for k, v in os.environ.items() if k != "METAGRAPH_BACKEND"}
-    environment.update(METAGRAPH_CACHE_DIR=str(tmp_path / "cache"), CC=str(compiler), SLOW="1",
-                       MARKER=str(marker))
-    process = subprocess.Popen([sys.executable, "-c", PROGRAM], env=environment, start_new_session=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    environment.update(
+        METAGRAPH_CACHE_DIR=str(tmp_path / "cache"), CC=str(compiler), SLOW="1", MARKER=str(marker)
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", PROGRAM],
+        env=environment,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 120
-    while not marker.exists() and time.monotonic() < deadline:     # wait until inside a compile
+    while not marker.exists() and time.monotonic() < deadline:  # wait until inside a compile
         time.sleep(0.05)
     assert marker.exists(), "the compiler was never called"
-    os.killpg(process.pid, signal.SIGKILL)         # the process and the compiler it started
+    os.killpg(process.pid, signal.SIGKILL)  # the process and the compiler it started
     process.wait()
     leftovers = [f for f in os.listdir(tmp_path / "cache") if f.endswith(".so") and not f.startswith(".")]
     assert not leftovers
@@ -94,8 +104,11 @@ def test_missing_compiler_falls_back_with_a_warning(tmp_path):
 
 
 def test_backend_by_environment_and_by_call(tmp_path):
-    result = run(tmp_path, env={"METAGRAPH_BACKEND": "numpy"},
-                 program="import metagraph as mg\nprint(mg.get_backend())")
+    result = run(
+        tmp_path,
+        env={"METAGRAPH_BACKEND": "numpy"},
+        program="import metagraph as mg\nprint(mg.get_backend())",
+    )
     assert result.stdout.strip() == "numpy"
     with pytest.raises(mg.MetagraphError, match="unknown backend"):
         mg.set_backend("cuda")
@@ -109,11 +122,12 @@ def test_compile_error_names_the_source_the_log_and_the_users_line(tmp_path, mon
 
     def failing(source_path, output_path, libraries=()):
         raise c.CompileError(f"the C compiler failed on {source_path}")
+
     monkeypatch.setattr(c, "compile_shared", failing)
     mg.set_backend("c")
     monkeypatch.setattr(mg.backend._active.cache, "find", lambda key: None)
     x = mg.rand(3)
-    y = x * 123.456 + 7          # the line the error must name
+    y = x * 123.456 + 7  # the line the error must name
     with pytest.raises(c.CompileError, match=r"values created at test_cache.py:\d+"):
         y.numpy()
     mg.set_backend("c")
@@ -122,7 +136,7 @@ def test_compile_error_names_the_source_the_log_and_the_users_line(tmp_path, mon
 def test_check_mode_catches_a_wrong_kernel(tmp_path, monkeypatch):
     monkeypatch.setattr(mg.flags, "CHECK", 1)
     monkeypatch.setattr(mg.flags, "CACHE_DIR", str(tmp_path))
-    monkeypatch.setitem(c.BINARY, "add", "({0} - {1})")       # a deliberately wrong backend
+    monkeypatch.setitem(c.BINARY, "add", "({0} - {1})")  # a deliberately wrong backend
     mg.set_backend("c")
     try:
         with pytest.raises(mg.MetagraphError, match=r"METAGRAPH_CHECK: kernel e_3_\w+ gives .*source:"):
@@ -135,4 +149,4 @@ def test_debug_prints_kernels_and_source(tmp_path):
     result = run(tmp_path, env={"METAGRAPH_DEBUG": "2"})
     assert result.returncode == 0, result.stderr
     assert "metagraph: compiled" in result.stderr and "void r_" in result.stderr
-    assert "metagraph: r_" in result.stderr           # one line per launch
+    assert "metagraph: r_" in result.stderr  # one line per launch
