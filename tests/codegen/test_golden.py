@@ -16,7 +16,9 @@ GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 
 
 def _sources(*tensors):
-    return render([step.kernel for step in schedule(pending_graph([t.node for t in tensors]))])
+    """The generated kernel functions (without the file's shared header of helpers)."""
+    source = render([step.kernel for step in schedule(pending_graph([t.node for t in tensors]))])
+    return source[source.index("\nvoid ") + 1:]
 
 
 def _fused_chain():
