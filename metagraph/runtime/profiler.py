@@ -21,10 +21,15 @@ class Profile:
         self.bytes_allocated = 0
         self.peak_bytes = 0
         self.live_bytes = 0
-        self.kernels = {}
+        self._kernels = {}
+
+    @property
+    def kernels(self):
+        """One entry per distinct kernel (.name, .calls, .seconds, .source), in launch order."""
+        return list(self._kernels.values())
 
     def kernel(self, name, source, seconds):
-        stats = self.kernels.setdefault(name, KernelStats(name, source))
+        stats = self._kernels.setdefault(name, KernelStats(name, source))
         stats.calls += 1
         stats.seconds += seconds
         self.launches += 1
@@ -40,7 +45,7 @@ class Profile:
     def table(self):
         """The report as text: one row per kernel, slowest first."""
         rows = [f"{'kernel':<40} {'calls':>7} {'total ms':>10} {'us/call':>9}"]
-        for stats in sorted(self.kernels.values(), key=lambda s: -s.seconds):
+        for stats in sorted(self.kernels, key=lambda s: -s.seconds):
             rows.append(f"{stats.name:<40} {stats.calls:>7} {stats.seconds * 1e3:>10.3f} "
                         f"{stats.seconds / stats.calls * 1e6:>9.1f}")
         rows.append(f"launches {self.launches}, compiles {self.compiles}, cache hits {self.cache_hits}, "
