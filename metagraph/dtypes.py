@@ -6,9 +6,9 @@ import numpy as np
 from metagraph.errors import DTypeError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DType:
-    """A tensor element type."""
+    """A tensor element type (one instance per type: equality is identity)."""
     name: str
     kind: str        # 'b' bool, 'i' signed int, 'u' unsigned int, 'f' float
     itemsize: int

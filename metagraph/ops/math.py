@@ -90,7 +90,9 @@ def expand(x, shape):
 def operands(op, *xs, dtype=None):
     """Nodes of one broadcast shape and one dtype (promoted unless `dtype` is given)."""
     dtype = dtype or result_type(*xs)
-    shape = broadcast_shape(op, *[x.shape for x in xs if is_node(x)])
+    shapes = [x.shape for x in xs if is_node(x)]
+    same = shapes and all(s == shapes[0] for s in shapes)
+    shape = shapes[0] if same else broadcast_shape(op, *shapes)
     return [expand(cast(x, dtype), shape) if is_node(x) else const(x, shape, dtype) for x in xs]
 
 
