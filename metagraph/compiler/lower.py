@@ -13,7 +13,7 @@ from metagraph.compiler import ir
 from metagraph.compiler.fusion import materialised
 from metagraph.compiler.simplify import simplify, substitute
 from metagraph.errors import IndexOutOfRange, MetagraphError
-from metagraph.expr import Binary, Const, Extra, Var
+from metagraph.expr import Binary, Const, Extra, Var, linear_terms, variables
 
 INDEX_BUDGET = 2000      # expression nodes an index may grow to before its source is materialised
 ROW_MIN, ROW_MAX = 8, 1024   # output rows this long are accumulated whole, their loop innermost
@@ -96,6 +96,25 @@ def _and(a, b):
     if b is None or b == Const(1):
         return a
     return Binary("&&", a, b)
+
+
+def _loads(value):
+    """Every Load in a value tree."""
+    if isinstance(value, ir.Load):
+        return [value]
+    if isinstance(value, ir.Guard):
+        return _loads(value.value)
+    return [load for arg in getattr(value, "args", ()) for load in _loads(arg)]
+
+
+def _contiguous(value, var):
+    """Whether every load's address moves by 0 or 1 element per step of loop variable `var`."""
+    for load in _loads(value):
+        terms, _ = linear_terms(load.index)
+        if any(var in variables(term) and (not isinstance(term, Var) or coef not in (0, 1))
+               for term, coef in terms.items()):
+            return False
+    return True
 
 
 def _size(expr):
@@ -268,7 +287,8 @@ class _Lowering:
                     break
                 block.insert(0, d)
                 size *= node.shape[d]
-            if loops and size >= ROW_MIN:
+            inner = next((d for d in reversed(block) if node.shape[d] > 1), None)
+            if loops and size >= ROW_MIN and inner is not None and _contiguous(value, inner):
                 offset = Const(0)
                 for d in block:
                     offset = offset * node.shape[d] + Var(d)
@@ -276,7 +296,7 @@ class _Lowering:
                 accumulate = [ir.Accumulate("acc", op, value, self.accumulator.index)]
                 stores = [store]
                 for d in reversed(block):
-                    kind = ir.VECTOR if d == block[-1] else ir.SERIAL
+                    kind = ir.VECTOR if d == inner else ir.SERIAL
                     accumulate = [ir.Loop(d, node.shape[d], kind, accumulate)]
                     stores = [ir.Loop(d, node.shape[d], kind, stores)]
                 for loop_var, loop_extent in reversed(loops):
