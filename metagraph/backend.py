@@ -55,6 +55,13 @@ def defer(tensor):
     _deferred.add(tensor)
 
 
+def realize_on_host(node):
+    """Compute one node now with the numpy interpreter: for cheap host work such as parameter
+    initialisation, where compiling a kernel would cost more than it saves."""
+    if node.buffer is None:
+        node.set_buffer(_numpy().realize([node])[0])
+
+
 def realize(nodes):
     """Compute every node in `nodes` that has no buffer yet; afterwards each holds its buffer."""
     nodes = list(nodes) + [t.node for t in list(_deferred)]

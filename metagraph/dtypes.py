@@ -40,7 +40,6 @@ float32 = DType("float32", "f", 4)
 float64 = DType("float64", "f", 8)
 
 ALL = (bool_, uint8, int8, int16, int32, int64, float16, float32, float64)
-FLOATS = (float16, float32, float64)
 _BY_NAME = {d.name: d for d in ALL}
 _ALIASES = {"float": float32, "double": float64, "half": float16, "int": int32, "long": int64,
             "short": int16, "bool_": bool_}
@@ -71,10 +70,6 @@ def as_dtype(value):
     except (TypeError, KeyError):
         raise DTypeError(f"unsupported dtype {value!r}; expected one of "
                          f"{', '.join(d.name for d in ALL)}") from None
-
-
-def _category(d):
-    return {"b": 0, "u": 1, "i": 1, "f": 2}[d.kind]
 
 
 def promote(a, b):
@@ -140,12 +135,3 @@ def min_value(d):
     if d == bool_:
         return False
     return int(np.iinfo(d.np).min)
-
-
-def max_value(d):
-    """The largest value of a dtype (inf for floats)."""
-    if d.is_float:
-        return float("inf")
-    if d == bool_:
-        return True
-    return int(np.iinfo(d.np).max)

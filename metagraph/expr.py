@@ -11,9 +11,6 @@ from dataclasses import dataclass
 
 from metagraph.errors import ExprError
 
-BINARY_OPS = ("+", "-", "*", "//", "%", "min", "max", "<", "<=", "==", "!=", "&&", "||")
-
-
 class Expr:
     """Base of the expression tree; arithmetic operators build new nodes."""
     __slots__ = ()
@@ -66,7 +63,7 @@ class Const(Expr):
 
 @dataclass(frozen=True, slots=True)
 class Binary(Expr):
-    """a <op> b for op in BINARY_OPS; comparisons and logic give 0 or 1."""
+    """a <op> b, op one of + - * // % min max < <= == != && ||; comparisons and logic give 0 or 1."""
     op: str
     a: Expr
     b: Expr

@@ -44,12 +44,6 @@ def _reflected(fn):
     return lifted
 
 
-def _with_realize(fn):
-    def lifted(self, *args):
-        return _wrap(fn(self.node, *map(_unwrap, args), realize=backend.realize))
-    return lifted
-
-
 def _to_dtype(fn_dtype):
     def convert(self):
         return _wrap(m.cast(self.node, fn_dtype))

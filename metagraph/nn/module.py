@@ -3,16 +3,14 @@ from collections import OrderedDict
 
 import numpy as np
 
-from metagraph import dtypes
-from metagraph.codegen.interpreter import NumpyBackend
+from metagraph import backend, dtypes
 from metagraph.errors import MetagraphError, ShapeError
 from metagraph.tensor import Tensor
 
 
 def realize_on_host(tensor):
-    """Compute an initial value now with the numpy interpreter (cheap host work, nothing compiled)."""
-    if tensor.node.buffer is None:
-        tensor.node.set_buffer(NumpyBackend().realize([tensor.node])[0])
+    """Compute an initial value now on the host (cheap work: nothing is compiled for it)."""
+    backend.realize_on_host(tensor.node)
     return tensor
 
 
