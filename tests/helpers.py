@@ -1,5 +1,6 @@
 """Shared checks: forward values against a reference, gradients against finite differences."""
 import numpy as np
+import pytest
 
 import metagraph as mg
 
@@ -15,6 +16,23 @@ class Case:
     def __init__(self, fn, ref, *arrays, grad=True, rtol=1e-6, atol=1e-7):
         self.fn, self.ref, self.arrays, self.grad, self.rtol, self.atol = fn, ref, arrays, grad, \
             rtol, atol
+
+
+def case_tests(cases, float32=True):
+    """The parametrised tests a table of Cases gets: forward, float32 (optional) and gradient."""
+
+    @pytest.mark.parametrize("name", sorted(cases))
+    def test_forward(name):
+        run_forward(cases[name])
+
+    @pytest.mark.parametrize("name", sorted(cases))
+    def test_float32(name):
+        run_float32(cases[name])
+
+    @pytest.mark.parametrize("name", sorted(n for n in cases if cases[n].grad))
+    def test_gradient(name):
+        run_grad(cases[name])
+    return (test_forward, test_float32, test_gradient) if float32 else (test_forward, test_gradient)
 
 
 def run_forward(case):

@@ -6,7 +6,7 @@ import pytest
 import metagraph as mg
 import metagraph.nn.functional as F
 from tests import reference as ref
-from tests.helpers import Case, check_forward, check_grad, run_float32, run_forward, run_grad
+from tests.helpers import Case, case_tests, check_forward, check_grad
 
 R = np.random.default_rng(21)
 
@@ -195,19 +195,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_forward(name):
-    run_forward(CASES[name])
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_float32(name):
-    run_float32(CASES[name])
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_gradient(name):
-    run_grad(CASES[name])
+test_forward, test_float32, test_gradient = case_tests(CASES)
 
 
 def test_batch_norm_updates_running_statistics_in_place():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import metagraph as mg
-from tests.helpers import Case, run_forward, run_grad
+from tests.helpers import Case, case_tests
 
 R = np.random.default_rng(9)
 X = R.uniform(-1, 1, (4, 5, 6))
@@ -142,14 +142,7 @@ CASES["reindex_reduce_strings"] = Case(
 )
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_forward(name):
-    run_forward(CASES[name])
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_gradient(name):
-    run_grad(CASES[name])
+test_forward, test_gradient = case_tests(CASES, float32=False)
 
 
 def test_integer_key_forms_match_numpy():

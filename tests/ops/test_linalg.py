@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import metagraph as mg
-from tests.helpers import Case, run_float32, run_forward, run_grad
+from tests.helpers import Case, case_tests
 
 R = np.random.default_rng(2)
 
@@ -25,19 +25,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_forward(name):
-    run_forward(CASES[name])
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_float32(name):
-    run_float32(CASES[name])
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_gradient(name):
-    run_grad(CASES[name])
+test_forward, test_float32, test_gradient = case_tests(CASES)
 
 
 def test_integer_matmul():

@@ -7,7 +7,7 @@ import pytest
 
 import metagraph as mg
 from tests import reference
-from tests.helpers import Case, run_float32, run_forward, run_grad
+from tests.helpers import Case, case_tests, run_forward
 
 R = np.random.default_rng(11)
 
@@ -150,19 +150,7 @@ INT_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_forward(name):
-    run_forward(CASES[name])
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_float32(name):
-    run_float32(CASES[name])
-
-
-@pytest.mark.parametrize("name", sorted(n for n in CASES if CASES[n].grad))
-def test_gradient(name):
-    run_grad(CASES[name])
+test_forward, test_float32, test_gradient = case_tests(CASES)
 
 
 @pytest.mark.parametrize("name", sorted(INT_CASES))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import metagraph as mg
-from tests.helpers import Case, run_forward, run_grad
+from tests.helpers import Case, case_tests
 
 R = np.random.default_rng(3)
 X = R.uniform(-1, 1, (2, 3, 4))
@@ -80,14 +80,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_forward(name):
-    run_forward(CASES[name])
-
-
-@pytest.mark.parametrize("name", sorted(n for n in CASES if CASES[n].grad))
-def test_gradient(name):
-    run_grad(CASES[name])
+test_forward, test_gradient = case_tests(CASES, float32=False)
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import metagraph as mg
-from tests.helpers import Case, run_float32, run_forward, run_grad
+from tests.helpers import Case, case_tests, run_forward
 
 R = np.random.default_rng(5)
 X = R.uniform(-2, 2, (3, 4, 5))
@@ -72,19 +72,7 @@ INDEX_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_forward(name):
-    run_forward(CASES[name])
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_float32(name):
-    run_float32(CASES[name])
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_gradient(name):
-    run_grad(CASES[name])
+test_forward, test_float32, test_gradient = case_tests(CASES)
 
 
 @pytest.mark.parametrize("name", sorted(INDEX_CASES))
