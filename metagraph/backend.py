@@ -7,7 +7,8 @@ from metagraph import flags
 from metagraph.errors import MetagraphError
 
 _active = None
-_deferred = weakref.WeakSet()      # tensors updated by assign(), computed at the next realisation
+_deferred = {}   # id -> weak reference of tensors updated in place, computed at the next realisation
+                 # (by identity: a WeakSet would compare tensors with their element-wise ==)
 
 
 def _numpy():
@@ -52,7 +53,7 @@ def get_backend():
 
 def defer(tensor):
     """Compute this tensor's new value at the next realisation, whatever that realisation asks for."""
-    _deferred.add(tensor)
+    _deferred[id(tensor)] = weakref.ref(tensor)
 
 
 def realize_on_host(node):
@@ -64,8 +65,9 @@ def realize_on_host(node):
 
 def realize(nodes):
     """Compute every node in `nodes` that has no buffer yet; afterwards each holds its buffer."""
-    nodes = list(nodes) + [t.node for t in list(_deferred)]
+    updated = [ref() for ref in _deferred.values()]
     _deferred.clear()
+    nodes = list(nodes) + [t.node for t in updated if t is not None]
     pending = list({node.id: node for node in nodes if node.buffer is None}.values())
     if not pending:
         return

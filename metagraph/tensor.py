@@ -193,6 +193,10 @@ class Tensor:
 
     # ---- in-place updates -------------------------------------------------------------------
     def _replace(self, node, check_leaf=True, keep_type=True):
+        """Point this tensor at a new value: every in-place update (+=, assign, copy_, setitem, ...).
+
+        The new value is computed at the next sync point with whatever is computed there, so state
+        updated in place (running statistics, counters, optimizer state) never builds a lazy chain."""
         if check_leaf and GradMode.enabled and self.node.leaf and self.node.requires_grad:
             raise MetagraphError("a leaf tensor that requires grad is used in an in-place "
                                  "operation; wrap it in metagraph.no_grad()")
@@ -209,17 +213,13 @@ class Tensor:
             node.leaf = True
             node.owner = weakref.ref(self)
         self.node = node
+        backend.defer(self)
         return self
 
     def assign(self, value):
-        """Jittor's in-place update: self takes value's value (no gradient through it).
-
-        State updated this way (running statistics, optimizer state) is computed at the next sync
-        point together with whatever is computed there, so it never builds up a lazy chain."""
-        self._replace(detach(_unwrap(value) if isinstance(value, Tensor) else m.cast(value, self.dtype)),
-                      check_leaf=False)
-        backend.defer(self)
-        return self
+        """Jittor's in-place update: self takes value's value (no gradient through it)."""
+        return self._replace(detach(_unwrap(value) if isinstance(value, Tensor) else m.cast(value, self.dtype)),
+                             check_leaf=False)
 
     def copy_(self, source):
         return self._replace(mv.broadcast_to(m.cast(_unwrap(source), self.dtype), self.shape))

@@ -113,3 +113,41 @@ def test_bad_arguments():
         optim.SGD([], lr=0.1)
     with pytest.raises(mg.MetagraphError, match="nesterov"):
         optim.SGD([nn.Parameter(mg.zeros(1))], lr=0.1, nesterov=True)
+
+
+def _small_training_step():
+    mg.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(64, 3))
+    opt = optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    x, y = mg.randn(8, 1, 4, 4), mg.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+
+    def step():
+        loss = nn.functional.cross_entropy(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+    return net, opt, step
+
+
+def test_state_updated_in_place_is_computed_with_the_step():
+    net, opt, step = _small_training_step()
+    for _ in range(3):
+        step()
+        bn = net[1]
+        for state in (bn.running_mean, bn.running_var, bn.num_batches_tracked):
+            assert state.node.buffer is not None          # no lazy chain across steps
+        buffers = [s["momentum_buffer"] for s in opt.state.values()]
+        assert buffers and all(b.node.buffer is not None for b in buffers)
+    assert net[1].num_batches_tracked.item() == 3
+
+
+def test_reading_the_loss_after_step_does_not_recompute_the_forward_pass():
+    _, _, step = _small_training_step()
+    step().item()
+    loss = step()
+    with mg.profile() as prof:
+        loss.item()
+    sizes = [int(np.prod([int(n) for n in k.name.split("_")[1].split("x")])) if k.name.split("_")[1] != "scalar"
+             else 1 for k in prof.kernels]
+    assert prof.launches <= 4 and max(sizes) <= 8, [k.name for k in prof.kernels]   # only the loss's own tail
