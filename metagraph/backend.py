@@ -7,6 +7,7 @@ from metagraph import flags
 from metagraph.errors import MetagraphError
 
 _active = None
+_instances = {}  # name -> backend made once (a backend holds its loaded kernels and schedules)
 _deferred = {}   # id -> weak reference of tensors updated in place, computed at the next realisation
                  # (by identity: a WeakSet would compare tensors with their element-wise ==)
 
@@ -21,16 +22,27 @@ def _c():
     return CBackend()
 
 
-BACKENDS = {"c": _c, "numpy": _numpy}
-DEFAULT_ORDER = ("c", "numpy")
+def _llvm():
+    from metagraph.codegen.llvm import LLVMBackend
+    return LLVMBackend()
+
+
+BACKENDS = {"c": _c, "llvm": _llvm, "numpy": _numpy}
+DEFAULT_ORDER = ("c", "llvm", "numpy")
+
+
+def _instance(name):
+    if name not in _instances:
+        _instances[name] = BACKENDS[name]()
+    return _instances[name]
 
 
 def set_backend(name):
-    """Make `name` the backend that realises every later computation."""
+    """Make `name` the backend that realises every later computation (raises if it cannot work here)."""
     global _active
     if name not in BACKENDS:
         raise MetagraphError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
-    _active = BACKENDS[name]()
+    _active = _instance(name)
 
 
 def get_backend():
@@ -42,7 +54,7 @@ def get_backend():
         else:
             for name in DEFAULT_ORDER:
                 try:
-                    _active = BACKENDS[name]()
+                    _active = _instance(name)
                     break
                 except MetagraphError as error:
                     reason = str(error).splitlines()[0]

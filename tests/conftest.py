@@ -12,3 +12,12 @@ def rng():
 @pytest.fixture(autouse=True)
 def _seed():
     mg.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _restore_backend():
+    """A test that switches backends hands the next test the backend it found."""
+    before = mg.get_backend()
+    yield
+    if mg.get_backend() != before:
+        mg.set_backend(before)

@@ -5,6 +5,14 @@ import pytest
 import metagraph as mg
 
 
+def needs(backend):
+    """Skip the calling test where `backend` cannot work on this machine (e.g. no C compiler)."""
+    try:
+        mg.backend._instance(backend)
+    except mg.MetagraphError as error:
+        pytest.skip(f"backend {backend!r} is unavailable: {str(error).splitlines()[0]}")
+
+
 def as_tensors(arrays, requires_grad=False):
     return [mg.tensor(a, requires_grad=requires_grad and a.dtype.kind == "f")
             if isinstance(a, np.ndarray) else a for a in arrays]

@@ -7,18 +7,14 @@ the tables below.
 import math
 import os
 import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import cffi
-import jinja2
 import numpy as np
 
 from metagraph import dtypes, flags
-from metagraph.codegen.compiled import CompiledBackend
+from metagraph.codegen.compiled import CompileError, CompiledBackend, template, worth_threads
 from metagraph.compiler import ir
 from metagraph.compiler.simplify import value_range
-from metagraph.errors import MetagraphError
 from metagraph.expr import Const, Extra, Select, Var
 from metagraph.runtime import profiler
 from metagraph.runtime.cache import KernelCache
@@ -33,11 +29,6 @@ BOOL_BINARY = {"add": "({0} | {1})", "mul": "({0} & {1})"}
 INDEX_OPS = {"+": "+", "-": "-", "*": "*", "<": "<", "<=": "<=", "==": "==", "!=": "!=", "&&": "&&",
              "||": "||"}
 THREADS = flags.NUM_THREADS
-PARALLEL_WORK = 1 << 15     # loop nests with less work than this run on one thread
-
-
-class CompileError(MetagraphError):
-    """The C compiler rejected generated code."""
 
 
 def scalar(value, dtype):
@@ -227,20 +218,12 @@ class Renderer:
             if op == "max" and acc.dtype.is_float:
                 return f"{clause} reduction(|:{name}_nan)", [f"if ({name}_nan) {name} = NAN;"]
             return clause, []
-        if loop.kind != ir.PARALLEL or loop.extent < 2 or _work(loop) < PARALLEL_WORK:
+        if not worth_threads(loop):
             return None, []
         return f"parallel for schedule(static) num_threads({THREADS})", []
 
 
-def _work(loop):
-    inner = [s for s in loop.body if isinstance(s, ir.Loop)]
-    return loop.extent * max([_work(s) for s in inner] or [1])
-
-
-_TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
-_TEMPLATE = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES),
-                               keep_trailing_newline=True, trim_blocks=False, lstrip_blocks=False,
-                               undefined=jinja2.StrictUndefined).get_template("c.j2")
+_TEMPLATE = template("c.j2")
 
 
 def render(kernels, vector_math=True):
@@ -306,10 +289,9 @@ class CBackend(CompiledBackend):
     name = "c"
 
     def __init__(self):
-        super().__init__()
-        self.cache = KernelCache(flags.CACHE_DIR, toolchain_identity())
+        super().__init__(KernelCache(flags.CACHE_DIR, toolchain_identity()))
         self.ffi = cffi.FFI()
-        self.declared, self.opened, self.functions = set(), {}, {}
+        self.declared, self.opened = set(), {}
         self.vector_math, self.libraries = True, ("-lmvec", "-lm")
         self._probe()
 
@@ -323,46 +305,13 @@ class CBackend(CompiledBackend):
                 self.vector_math, self.libraries = False, ("-lm",)
                 self.load([ir.Kernel("probe_kernel", [], [])])
 
-    def load(self, kernels):
-        report = profiler.current()
-        sources = [render([kernel], self.vector_math) for kernel in kernels]
-        keys = [self.cache.key(source) for source in sources]
-        missing = list({key: i for i, key in enumerate(keys)
-                        if key not in self.functions and self.cache.find(key) is None}.values())
-        if missing:
-            self._compile([kernels[i] for i in missing], [keys[i] for i in missing])
-        if report is not None:
-            report.compiles += len(missing)
-            report.cache_hits += len(kernels) - len(missing)
-        functions = []
-        for kernel, key in zip(kernels, keys):
-            if key not in self.functions:
-                self.functions[key] = self._function(self.cache.find(key), kernel.name)
-            functions.append(self.functions[key])
-        return functions, sources
+    def render(self, kernels):
+        return render(kernels, self.vector_math)
 
-    def _compile(self, kernels, keys):
-        """Compile new kernels: one batch (one compiler call) per core, the calls running at once."""
-        groups = min(flags.NUM_THREADS, len(kernels))
-        batches = [(kernels[g::groups], keys[g::groups]) for g in range(groups)]
+    def compile(self, source_path, binary_path):
+        compile_shared(source_path, binary_path, self.libraries)
 
-        def build(batch):
-            source = render(batch[0], self.vector_math)
-            path, _ = self.cache.build(source, batch[1],
-                                       lambda src, out: compile_shared(src, out, self.libraries))
-            if flags.DEBUG:
-                print(f"metagraph: compiled {len(batch[0])} kernel(s) into {path}", file=sys.stderr)
-            if flags.DEBUG >= 2:
-                print(source, file=sys.stderr)
-        if groups == 1:
-            build(batches[0])
-            return
-        with ThreadPoolExecutor(groups) as pool:      # threads wait on compiler processes
-            list(pool.map(build, batches))
-
-    def _function(self, path, name):
-        if path is None:
-            raise CompileError(f"kernel {name} vanished from the cache directory {self.cache.directory}")
+    def open(self, path, name):
         if name not in self.declared:
             self.ffi.cdef(f"void {name}(char **, int64_t *);")
             self.declared.add(name)

@@ -1,31 +1,116 @@
-"""What every code generator shares: the schedule cache, batch compilation and launching.
+"""What every code generator shares: the schedule cache, the disk cache of compiled batches,
+launching, and when an outer loop is worth threads.
 
-A code generator subclasses CompiledBackend and provides `load(kernels)`: the callables (and
-their sources) for a list of kernels, compiling the ones it has not seen in one batch.
+A code generator subclasses CompiledBackend and provides `render(kernels)` (one source text for a
+batch), `compile(source_path, binary_path)` and `open(binary_path, kernel_name)`; the base class
+keys each kernel by its own rendered source, compiles the missing ones (one batch per core, at
+once) and loads them.
 """
+import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
+import jinja2
 import numpy as np
 
 from metagraph import flags
 from metagraph.codegen.interpreter import NumpyBackend
+from metagraph.compiler import ir
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import schedule
 from metagraph.errors import MetagraphError, at
-from metagraph.runtime import executor
+from metagraph.runtime import executor, profiler
 
 SCHEDULE_CACHE_SIZE = 4096
+PARALLEL_WORK = 1 << 15     # loop nests with less work than this run on one thread
+
+
+_TEMPLATES = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(os.path.dirname(__file__), "templates")),
+                                keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+
+
+def template(name):
+    """A code generator's Jinja template from codegen/templates."""
+    return _TEMPLATES.get_template(name)
+
+
+class CompileError(MetagraphError):
+    """A toolchain rejected generated code, or no working toolchain exists."""
+
+
+def worth_threads(loop):
+    """Whether an outer loop is spread over threads (or tasks): parallel, and enough work."""
+    return loop.kind == ir.PARALLEL and loop.extent >= 2 and _work(loop) >= PARALLEL_WORK
+
+
+def _work(loop):
+    inner = [s for s in loop.body if isinstance(s, ir.Loop)]
+    return loop.extent * max([_work(s) for s in inner] or [1])
 
 
 class CompiledBackend:
     name = None
+    compile_jobs = flags.NUM_THREADS     # toolchain calls that may run at once
 
-    def __init__(self):
+    def __init__(self, cache):
         self.schedules = {}
+        self.cache = cache                # runtime.cache.KernelCache
+        self.functions = {}               # kernel key -> callable
 
-    def load(self, kernels):
-        """(callables, sources) for the kernels; each callable takes (arrays, error array)."""
+    # ---- what a code generator provides ---------------------------------------------------
+    def render(self, kernels):
+        """The source text of a batch of kernels."""
         raise NotImplementedError
+
+    def compile(self, source_path, binary_path):
+        """Build the source file into a loadable binary; raise CompileError with the tool's log."""
+        raise NotImplementedError
+
+    def open(self, binary_path, name):
+        """The kernel `name` in a built binary, as a callable fn(arrays, error array)."""
+        raise NotImplementedError
+
+    # ---- shared --------------------------------------------------------------------------
+    def load(self, kernels):
+        """(callables, sources) for the kernels, compiling the ones no cache holds."""
+        report = profiler.current()
+        sources = [self.render([kernel]) for kernel in kernels]
+        keys = [self.cache.key(source) for source in sources]
+        missing = list({key: i for i, key in enumerate(keys)
+                        if key not in self.functions and self.cache.find(key) is None}.values())
+        if missing:
+            self._compile([kernels[i] for i in missing], [keys[i] for i in missing])
+        if report is not None:
+            report.compiles += len(missing)
+            report.cache_hits += len(kernels) - len(missing)
+        functions = []
+        for kernel, key in zip(kernels, keys):
+            if key not in self.functions:
+                path = self.cache.find(key)
+                if path is None:
+                    raise CompileError(f"kernel {kernel.name} vanished from the cache directory "
+                                       f"{self.cache.directory}")
+                self.functions[key] = self.open(path, kernel.name)
+            functions.append(self.functions[key])
+        return functions, sources
+
+    def _compile(self, kernels, keys):
+        """Compile new kernels: one batch per job, the jobs running at once."""
+        groups = max(1, min(self.compile_jobs, len(kernels)))
+        batches = [(kernels[g::groups], keys[g::groups]) for g in range(groups)]
+
+        def build(batch):
+            source = self.render(batch[0])
+            path, _ = self.cache.build(source, batch[1], self.compile)
+            if flags.DEBUG:
+                print(f"metagraph: compiled {len(batch[0])} kernel(s) into {path}", file=sys.stderr)
+            if flags.DEBUG >= 2:
+                print(source, file=sys.stderr)
+        if groups == 1:
+            build(batches[0])
+            return
+        with ThreadPoolExecutor(groups) as pool:      # threads wait on the toolchain
+            list(pool.map(build, batches))
 
     def realize(self, outputs):
         graph = pending_graph(outputs)

@@ -1,8 +1,8 @@
 """Compiled kernels on disk, shared between processes, never trusted blindly.
 
-Layout under the cache directory:  batch-<hash>.c (the source a person can read) beside
-batch-<hash>.so, and index/<kernel key>, which names the shared object holding that kernel and
-the object's SHA-256. The key hashes the kernel's source with the toolchain identity (compiler,
+Layout under the cache directory:  batch-<hash>.c (the source a person can read: .c, .ll or
+.bang.c by backend) beside batch-<hash>.so (or .o), and index/<kernel key>, which names the binary
+holding that kernel and the binary's SHA-256. The key hashes the kernel's source with the toolchain identity (compiler,
 version, flags, target CPU) and CACHE_VERSION. Every file is written to a temporary name and
 renamed, so a killed process leaves no half-written entry; an entry whose object is missing or
 does not match its hash is rebuilt.
@@ -39,9 +39,10 @@ def write_atomic(path, data):
 class KernelCache:
     """Maps kernel keys to shared objects on disk."""
 
-    def __init__(self, directory, identity):
+    def __init__(self, directory, identity, source_suffix=".c", binary_suffix=".so"):
         self.directory = directory
         self.identity = identity
+        self.source_suffix, self.binary_suffix = source_suffix, binary_suffix
         os.makedirs(os.path.join(directory, "index"), exist_ok=True)
 
     def key(self, kernel_source):
@@ -65,10 +66,10 @@ class KernelCache:
     def build(self, source, keys, compile_shared):
         """Compile `source` once into a shared object and index it under every key."""
         batch = "batch-" + hashlib.sha256(f"{self.identity}\n{source}".encode()).hexdigest()[:16]
-        source_path = os.path.join(self.directory, batch + ".c")
-        object_path = os.path.join(self.directory, batch + ".so")
+        source_path = os.path.join(self.directory, batch + self.source_suffix)
+        object_path = os.path.join(self.directory, batch + self.binary_suffix)
         write_atomic(source_path, source)
-        fd, temporary = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".so")
+        fd, temporary = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=self.binary_suffix)
         os.close(fd)
         try:
             compile_shared(source_path, temporary)
@@ -78,5 +79,5 @@ class KernelCache:
                 os.unlink(temporary)
         digest = _sha256_file(object_path)
         for key in keys:
-            write_atomic(os.path.join(self.directory, "index", key), f"{batch}.so {digest}\n")
+            write_atomic(os.path.join(self.directory, "index", key), f"{batch}{self.binary_suffix} {digest}\n")
         return object_path, source_path

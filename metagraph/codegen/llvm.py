@@ -1,0 +1,514 @@
+"""The `llvm` backend: kernel IR rendered to LLVM IR text, optimised and compiled by llvmlite (O3,
+loop and SLP vectorisers, the host CPU's features), object code cached on disk and loaded into an
+in-process MCJIT.
+
+Parallel outer loops: each kernel's outer parallel loop is a body function over [start, end);
+the kernel calls it through the OpenMP runtime (GOMP_parallel, libgomp loaded into the process),
+one contiguous block of iterations per thread. The OpenMP runtime was chosen over Python threads
+because a launch then costs microseconds and the team is the same one the C backend's kernels use.
+Without libgomp the body function runs the whole range on the calling thread.
+
+The template (`templates/llvm.j2`) holds the module's structure: helpers, entry points, the
+OpenMP trampolines. The tables below hold each op's instructions; `Renderer` walks the IR.
+"""
+import ctypes
+import ctypes.util
+import struct
+
+import cffi
+import numpy as np
+
+from metagraph import dtypes, flags
+from metagraph.codegen.compiled import CompileError, CompiledBackend, template, worth_threads
+from metagraph.compiler import ir
+from metagraph.compiler.simplify import value_range
+from metagraph.expr import Binary, Const, Extra, Select, Var
+from metagraph.runtime.cache import KernelCache
+
+LTYPE = {"bool": "i8", "uint8": "i8", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
+         "float16": "half", "float32": "float", "float64": "double"}
+# the per-op table: (op, kind) -> instruction; kind is f (float), i (signed), u (unsigned), b (bool)
+BINARY = {("add", "f"): "fadd contract", ("mul", "f"): "fmul contract",
+          ("add", "i"): "add", ("mul", "i"): "mul", ("add", "u"): "add", ("mul", "u"): "mul",
+          ("add", "b"): "or", ("mul", "b"): "and"}
+BITWISE = {"and": "and", "or": "or", "xor": "xor"}
+COMPARE = {("cmplt", "f"): "fcmp olt", ("cmplt", "i"): "icmp slt", ("cmplt", "u"): "icmp ult",
+           ("cmplt", "b"): "icmp ult", ("cmpne", "f"): "fcmp une", ("cmpne", "i"): "icmp ne",
+           ("cmpne", "u"): "icmp ne", ("cmpne", "b"): "icmp ne"}
+GREATER = {"f": "fcmp ogt", "i": "icmp sgt", "u": "icmp ugt", "b": "icmp ugt"}
+MATH = {"sqrt": "llvm.sqrt", "exp2": "llvm.exp2", "log2": "llvm.log2", "sin": "llvm.sin"}
+FLOAT_SUFFIX = {"float16": "f16", "float32": "f32", "float64": "f64"}
+# accumulating may reorder (what `omp simd reduction` allows the C backend): it lets loops vectorise
+ACCUMULATE = {("add", "f"): "fadd reassoc contract", ("mul", "f"): "fmul reassoc contract"}
+INDEX_COMPARE = {"<": "slt", "<=": "sle", "==": "eq", "!=": "ne"}
+INDEX_ARITH = {"+": "add", "-": "sub", "*": "mul"}
+
+
+def kind(dtype):
+    return "b" if dtype == dtypes.bool_ else dtype.kind
+
+
+def constant(value, dtype):
+    """An LLVM literal of `dtype` (floats as the hex of the double holding the rounded value)."""
+    if dtype.is_float:
+        rounded = float(np.array(value, dtype=dtype.np))
+        return "0x%016X" % struct.unpack("<Q", struct.pack("<d", rounded))[0]
+    if dtype == dtypes.bool_:
+        return "1" if value else "0"
+    bits = dtype.itemsize * 8
+    value = int(value) & ((1 << bits) - 1)
+    return str(value - (1 << bits) if value >= 1 << (bits - 1) else value)
+
+
+def _pure(expr):
+    """Whether evaluating an index expression where it is not needed is harmless: no reads of
+    index tensors (they may be out of bounds there) and no division that can report an error."""
+    if isinstance(expr, Extra):
+        return False
+    if isinstance(expr, Binary):
+        if expr.op in ("//", "%") and not isinstance(expr.b, Const):
+            return False
+        return _pure(expr.a) and _pure(expr.b)
+    if isinstance(expr, Select):
+        return _pure(expr.cond) and _pure(expr.a) and _pure(expr.b)
+    return True
+
+
+class Renderer:
+    """Renders one kernel's IR to the instruction lines of its body functions."""
+
+    def __init__(self, kernel, module):
+        self.kernel, self.extents, self.module = kernel, kernel.extents, module
+        self.counter = 0
+        self.vars, self.accumulators = {}, {}
+        self.lines, self.allocas, self.block = [], [], "%entry"
+
+    # ---- plumbing --------------------------------------------------------------------------
+    def fresh(self, stem="t"):
+        self.counter += 1
+        return f"%{stem}{self.counter}"
+
+    def emit(self, text):
+        self.lines.append("  " + text)
+
+    def instruction(self, text, stem="t"):
+        name = self.fresh(stem)
+        self.emit(f"{name} = {text}")
+        return name
+
+    def label(self, name):
+        self.lines.append(f"{name[1:]}:")
+        self.block = name
+
+    def branch(self, cond, then, otherwise, type_):
+        """`then()` where cond holds, else `otherwise()`: each computed only on its own side."""
+        yes, no, join = self.fresh("then"), self.fresh("else"), self.fresh("join")
+        self.emit(f"br i1 {cond}, label {yes}, label {no}")
+        self.label(yes)
+        a, a_end = then(), self.block
+        self.emit(f"br label {join}")
+        self.label(no)
+        b, b_end = otherwise(), self.block
+        self.emit(f"br label {join}")
+        self.label(join)
+        return self.instruction(f"phi {type_} [ {a}, {a_end} ], [ {b}, {b_end} ]")
+
+    def call(self, type_, function, args):
+        self.module.declare(type_, function, args)
+        return self.instruction(f"call {type_} @{function}({', '.join(args)})")
+
+    # ---- index expressions: int64 arithmetic, i1 conditions -------------------------------------
+    def index(self, expr):
+        """(operand, type) of an index expression; type is i64 or i1."""
+        if isinstance(expr, Var):
+            return self.vars[expr.axis], "i64"
+        if isinstance(expr, Const):
+            return str(expr.value), "i64"
+        if isinstance(expr, Select):
+            cond = self.as_bool(expr.cond)
+            if _pure(expr.a) and _pure(expr.b):
+                a, b = self.as_int(expr.a), self.as_int(expr.b)
+                return self.instruction(f"select i1 {cond}, i64 {a}, i64 {b}"), "i64"
+            return self.branch(cond, lambda: self.as_int(expr.a), lambda: self.as_int(expr.b), "i64"), "i64"
+        if isinstance(expr, Extra):
+            param = self.kernel.params[expr.index]
+            offset = Const(0)
+            strides = np.cumprod((1,) + tuple(reversed(param.shape[1:])))[::-1]
+            for arg, size, stride in zip(expr.args, param.shape, strides):
+                if size != 1:
+                    offset = offset + arg * int(stride)
+            value = self.load(expr.index, param.dtype, self.as_int(offset))
+            return self.convert(value, param.dtype, dtypes.int64), "i64"
+        op = expr.op
+        if op in ("&&", "||"):
+            a = self.as_bool(expr.a)
+            if _pure(expr.b):
+                return self.instruction(f"{'and' if op == '&&' else 'or'} i1 {a}, {self.as_bool(expr.b)}"), "i1"
+            rest = lambda: self.as_bool(expr.b)        # noqa: E731 (short-circuit: b only when needed)
+            if op == "&&":
+                return self.branch(a, rest, lambda: "false", "i1"), "i1"
+            return self.branch(a, lambda: "true", rest, "i1"), "i1"
+        a, b = self.as_int(expr.a), self.as_int(expr.b)
+        if op in INDEX_ARITH:
+            return self.instruction(f"{INDEX_ARITH[op]} i64 {a}, {b}"), "i64"
+        if op in INDEX_COMPARE:
+            return self.instruction(f"icmp {INDEX_COMPARE[op]} i64 {a}, {b}"), "i1"
+        if op in ("min", "max"):
+            less = self.instruction(f"icmp {'slt' if op == 'min' else 'sgt'} i64 {a}, {b}")
+            return self.instruction(f"select i1 {less}, i64 {a}, i64 {b}"), "i64"
+        if isinstance(expr.b, Const) and expr.b.value > 0 and value_range(expr.a, self.extents)[0] >= 0:
+            return self.instruction(f"{'sdiv' if op == '//' else 'srem'} i64 {a}, {b}"), "i64"
+        low, high = value_range(expr.b, self.extents)
+        if low > 0 or high < 0:
+            return self.call("i64", "mg_floordiv" if op == "//" else "mg_floormod",
+                             [f"i64 {a}", f"i64 {b}"]), "i64"
+        return self.call("i64", "mg_index_div" if op == "//" else "mg_index_mod",
+                         [f"i64 {a}", f"i64 {b}", "ptr %err"]), "i64"
+
+    def as_int(self, expr):
+        value, type_ = self.index(expr)
+        return self.instruction(f"zext i1 {value} to i64") if type_ == "i1" else value
+
+    def as_bool(self, expr):
+        value, type_ = self.index(expr)
+        return self.instruction(f"icmp ne i64 {value}, 0") if type_ == "i64" else value
+
+    # ---- values ------------------------------------------------------------------------------
+    def load(self, param, dtype, offset):
+        address = self.instruction(f"getelementptr inbounds {LTYPE[dtype.name]}, ptr %p{param}, i64 {offset}",
+                                   "a")
+        return self.instruction(f"load {LTYPE[dtype.name]}, ptr {address}")
+
+    def value(self, value, names):
+        """The operand holding a value; each distinct value is computed once per statement."""
+        if id(value) in names:
+            return names[id(value)]
+        if isinstance(value, ir.Scalar):
+            return constant(value.value, value.dtype)
+        if isinstance(value, ir.Ref):
+            result = self.instruction(f"load {LTYPE[value.dtype.name]}, ptr {self.slot(value.name, value.index)}")
+        elif isinstance(value, ir.IndexValue):
+            result = self.convert(self.as_int(value.expr), dtypes.int64, value.dtype, truncate_bool=True)
+        elif isinstance(value, ir.Load):
+            read = lambda: self.load(value.param, value.dtype, self.as_int(value.index))    # noqa: E731
+            if value.valid is None:
+                result = read()
+            else:
+                result = self.branch(self.as_bool(value.valid), read, lambda: constant(0, value.dtype),
+                                     LTYPE[value.dtype.name])
+        elif isinstance(value, ir.Guard):
+            inner = self.value(value.value, names)
+            if value.valid is None:
+                cond = self.as_bool(value.cond)
+            else:   # where valid is false the value is unused and cond may read out of bounds
+                cond = self.branch(self.as_bool(value.valid), lambda: self.as_bool(value.cond),
+                                   lambda: "true", "i1")
+            if value.check:
+                failed, after = self.fresh("fail"), self.fresh("ok")
+                self.emit(f"br i1 {cond}, label {after}, label {failed}")
+                self.label(failed)
+                self.emit(f"store i64 {value.check}, ptr %err")
+                self.emit(f"br label {after}")
+                self.label(after)
+            type_ = LTYPE[value.dtype.name]
+            result = self.instruction(f"select i1 {cond}, {type_} {inner}, {type_} "
+                                      f"{constant(value.fill, value.dtype)}")
+        else:
+            args = [self.value(arg, names) for arg in value.args]
+            result = self.apply(value, args)
+        names[id(value)] = result
+        return result
+
+    def apply(self, value, args):
+        """One table op: the per-op table, with the semantics the numpy oracle defines."""
+        op, dtype = value.op, value.dtype
+        source = value.args[0].dtype if value.args else dtype
+        t, k = LTYPE[source.name], kind(source)
+        if op == "cast":
+            return self.convert(args[0], source, dtype)
+        if op == "neg":
+            return self.instruction(f"fneg {t} {args[0]}" if k == "f" else f"sub {t} 0, {args[0]}")
+        if op == "recip":
+            return self.instruction(f"fdiv {t} {constant(1, dtype)}, {args[0]}")
+        if op in MATH:
+            if dtype == dtypes.float16:      # float16 math runs in float32, as the C backend does
+                wide = self.instruction(f"fpext half {args[0]} to float")
+                result = self.call("float", f"{MATH[op]}.f32", [f"float {wide}"])
+                return self.instruction(f"fptrunc float {result} to half")
+            if (op, dtype) == ("exp2", dtypes.float32):
+                return self.instruction(f"call float @mg_exp2f(float {args[0]})")
+            return self.call(t, f"{MATH[op]}.{FLOAT_SUFFIX[dtype.name]}", [f"{t} {args[0]}"])
+        if op == "max":
+            a, b = args
+            greater = self.instruction(f"{GREATER[k]} {t} {a}, {b}")
+            if k == "f":    # NaN wins
+                nan = self.instruction(f"fcmp uno {t} {a}, {a}")
+                greater = self.instruction(f"or i1 {nan}, {greater}")
+            return self.instruction(f"select i1 {greater}, {t} {a}, {t} {b}")
+        if op == "where":
+            cond = self.instruction(f"icmp ne i8 {args[0]}, 0")
+            t = LTYPE[dtype.name]
+            return self.instruction(f"select i1 {cond}, {t} {args[1]}, {t} {args[2]}")
+        if op in ("idiv", "mod"):
+            a, b = (self.convert(arg, source, dtypes.int64) for arg in args)
+            result = self.call("i64", "mg_idiv" if op == "idiv" else "mg_imod",
+                               [f"i64 {a}", f"i64 {b}", "ptr %err", f"i64 {value.site}"])
+            return self.convert(result, dtypes.int64, dtype, truncate_bool=True)
+        if op in ("cmplt", "cmpne"):
+            flag = self.instruction(f"{COMPARE[op, k]} {t} {args[0]}, {args[1]}")
+            return self.instruction(f"zext i1 {flag} to i8")
+        instruction = BITWISE.get(op) or BINARY[op, k]
+        return self.instruction(f"{instruction} {t} {args[0]}, {args[1]}")
+
+    def convert(self, x, source, target, truncate_bool=False):
+        """C's conversion from `source` to `target` (to bool: != 0, unless truncating an index)."""
+        if source is target:
+            return x
+        s, t = LTYPE[source.name], LTYPE[target.name]
+        if target == dtypes.bool_ and not truncate_bool:
+            test = f"fcmp une {s} {x}, 0.0" if source.is_float else f"icmp ne {s} {x}, 0"
+            return self.instruction(f"zext i1 {self.instruction(test)} to i8")
+        if source.is_float and target.is_float:
+            return self.instruction(f"{'fpext' if target.itemsize > source.itemsize else 'fptrunc'} {s} {x} to {t}")
+        if source.is_float:      # x86's conversion: through int32 for the narrow types
+            if target.itemsize < 4:
+                wide = self.instruction(f"fptosi {s} {x} to i32")
+                return self.instruction(f"trunc i32 {wide} to {t}")
+            return self.instruction(f"fptosi {s} {x} to {t}")
+        signed = source.kind == "i"
+        if target.is_float:
+            return self.instruction(f"{'sitofp' if signed else 'uitofp'} {s} {x} to {t}")
+        if target.itemsize == source.itemsize:
+            return x
+        if target.itemsize > source.itemsize:
+            return self.instruction(f"{'sext' if signed else 'zext'} {s} {x} to {t}")
+        return self.instruction(f"trunc {s} {x} to {t}")
+
+    # ---- statements --------------------------------------------------------------------------
+    def slot(self, name, index):
+        """The address of an accumulator (of its element `index` when it is an array)."""
+        define, pointer = self.accumulators[name]
+        if index is None:
+            return pointer
+        return self.instruction(f"getelementptr inbounds {LTYPE[define.dtype.name]}, ptr {pointer}, "
+                                f"i64 {self.as_int(index)}", "a")
+
+    def combine(self, old, op, v, dtype):
+        t, k = LTYPE[dtype.name], kind(dtype)
+        if op == "max":     # llvm.maximum: NaN wins, and stays; these vectorise as reductions
+            function = {"f": "llvm.maximum", "i": "llvm.smax"}.get(k, "llvm.umax")
+            suffix = FLOAT_SUFFIX[dtype.name] if k == "f" else t
+            return self.call(t, f"{function}.{suffix}", [f"{t} {old}", f"{t} {v}"])
+        instruction = ACCUMULATE.get((op, k)) or BINARY[op, k]
+        return self.instruction(f"{instruction} {t} {old}, {v}")
+
+    def update(self, address, op, v, dtype):
+        old = self.instruction(f"load {LTYPE[dtype.name]}, ptr {address}")
+        self.emit(f"store {LTYPE[dtype.name]} {self.combine(old, op, v, dtype)}, ptr {address}")
+
+    def statement(self, s, start="0", end=None):
+        names = {}
+        if isinstance(s, ir.Loop):
+            self.loop(s, start, end)
+        elif isinstance(s, ir.Define):
+            t = LTYPE[s.dtype.name]
+            pointer = self.fresh(s.name)
+            self.accumulators[s.name] = (s, pointer)
+            if s.size is None:
+                self.allocas.append(f"{pointer} = alloca {t}, align 8")
+                self.emit(f"store {t} {constant(s.init, s.dtype)}, ptr {pointer}")
+            else:
+                self.allocas.append(f"{pointer} = alloca [{s.size} x {t}], align 64")
+                element = ("init", s.name)
+                self.loop(ir.Loop(element, s.size, ir.VECTOR, []), body=lambda: self.emit(
+                    f"store {t} {constant(s.init, s.dtype)}, ptr {self.slot(s.name, Var(element))}"))
+        elif isinstance(s, ir.Accumulate):
+            define = self.accumulators[s.name][0]
+            v = self.convert(self.value(s.value, names), s.value.dtype, define.dtype)
+            self.update(self.slot(s.name, s.index), s.op, v, define.dtype)
+        elif isinstance(s, ir.Store):
+            param = self.kernel.params[s.param]
+            v = self.value(s.value, names)
+            address = self.instruction(f"getelementptr inbounds {LTYPE[param.dtype.name]}, ptr %p{s.param}, "
+                                       f"i64 {self.as_int(s.index)}", "a")
+            self.emit(f"store {LTYPE[param.dtype.name]} {v}, ptr {address}")
+        elif isinstance(s, ir.ScatterAccumulate):
+            param = self.kernel.params[s.param]
+            v = self.convert(self.value(s.value, names), s.value.dtype, param.dtype)
+
+            def scatter():
+                address = self.instruction(f"getelementptr inbounds {LTYPE[param.dtype.name]}, "
+                                           f"ptr %p{s.param}, i64 {self.as_int(s.index)}", "a")
+                self.update(address, s.op, v, param.dtype)
+            if s.valid is None:
+                scatter()
+            else:
+                inside, outside, after = self.fresh("in"), self.fresh("out"), self.fresh("next")
+                self.emit(f"br i1 {self.as_bool(s.valid)}, label {inside}, label {outside}")
+                self.label(inside)
+                scatter()
+                self.emit(f"br label {after}")
+                self.label(outside)
+                if s.check:
+                    self.emit(f"store i64 {s.check}, ptr %err")
+                self.emit(f"br label {after}")
+                self.label(after)
+
+    def loop(self, s, start="0", end=None, body=None):
+        """A counted loop; [start, end) when given (a thread's share), else [0, extent)."""
+        if s.extent <= 0:
+            return
+        var = self.fresh(f"i{s.var}." if isinstance(s.var, int) else "q")
+        head, latch, done = self.fresh("loop"), self.fresh("latch"), self.fresh("done")
+        before = self.block
+        if end is None:
+            end = str(s.extent)
+            self.emit(f"br label {head}")
+        else:
+            self.emit(f"br i1 {self.instruction(f'icmp slt i64 {start}, {end}')}, label {head}, label {done}")
+        self.label(head)
+        self.emit(f"{var} = phi i64 [ {start}, {before} ], [ {var}.next, {latch} ]")
+        saved = self.vars.get(s.var)
+        self.vars[s.var] = var
+        if body is not None:
+            body()
+        for statement in s.body:
+            self.statement(statement)
+        self.emit(f"br label {latch}")
+        self.label(latch)
+        self.emit(f"{var}.next = add nuw nsw i64 {var}, 1")
+        more = self.instruction(f"icmp slt i64 {var}.next, {end}")
+        self.emit(f"br i1 {more}, label {head}, label {done}")
+        self.label(done)
+        self.vars[s.var] = saved
+
+    def groups(self):
+        """Top-level statements as body functions: each outer loop worth threads on its own."""
+        groups, serial = [], []
+
+        def flush():
+            if serial:
+                groups.append(self.group(serial, None))
+                serial.clear()
+        for s in self.kernel.body:
+            if isinstance(s, ir.Loop) and worth_threads(s):
+                flush()
+                groups.append(self.group([s], s.extent))
+            else:
+                serial.append(s)
+        flush()
+        return groups
+
+    def group(self, statements, extent):
+        self.lines, self.allocas, self.block = [], [], "%entry"
+        for s in statements:
+            if extent is None:
+                self.statement(s)
+            else:
+                self.statement(s, "%start", "%end")
+        return {"extent": extent, "lines": self.lines, "allocas": self.allocas}
+
+
+class Module:
+    """What the kernels of one module share: the intrinsics they declare."""
+
+    def __init__(self):
+        self.declarations = {}
+
+    def declare(self, type_, function, args):
+        if function.startswith("llvm."):
+            types = ", ".join(arg.split()[0] for arg in args)
+            self.declarations[function] = f"declare {type_} @{function}({types})"
+
+
+_TEMPLATE = template("llvm.j2")
+
+
+def render(kernels, openmp=True):
+    """LLVM IR for a batch of kernels (openmp: outer loops run in an OpenMP team)."""
+    module, views = Module(), []
+    for kernel in kernels:
+        renderer = Renderer(kernel, module)
+        views.append({"name": kernel.name, "params": [{"output": p.output} for p in kernel.params],
+                      "groups": renderer.groups()})
+    return _TEMPLATE.render(kernels=views, names=[k.name for k in kernels], openmp=openmp,
+                            threads=flags.NUM_THREADS, declarations=sorted(module.declarations.values()))
+
+
+def _llvm():
+    """llvmlite's binding with the native target initialised (an ImportError names the problem)."""
+    import llvmlite.binding as llvm
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    return llvm
+
+
+class LLVMBackend(CompiledBackend):
+    """Kernels as LLVM IR, compiled in-process by llvmlite, loaded into MCJIT."""
+    name = "llvm"
+    compile_jobs = 1        # llvmlite shares one LLVM context: one compile at a time
+
+    def __init__(self):
+        try:
+            llvm = _llvm()
+        except (ImportError, OSError, RuntimeError) as error:
+            raise CompileError(f"llvmlite is unusable: {error}") from None
+        self.llvm = llvm
+        self.openmp = self._load_library("gomp")
+        target = llvm.Target.from_default_triple()
+        self.machine = target.create_target_machine(
+            cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3,
+            reloc="pic", codemodel="default")
+        identity = "\n".join(["llvm", str(llvm.llvm_version_info), self.machine.triple,
+                              llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(), "O3"])
+        super().__init__(KernelCache(flags.CACHE_DIR, identity, ".ll", ".o"))
+        self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self.machine)
+        self.ffi = cffi.FFI()
+        self.opened = set()
+
+    def _load_library(self, name):
+        path = ctypes.util.find_library(name)
+        if path is None:
+            return False
+        try:
+            self.llvm.load_library_permanently(path)
+        except RuntimeError:
+            return False
+        return True
+
+    def render(self, kernels):
+        return render(kernels, self.openmp)
+
+    def compile(self, source_path, binary_path):
+        llvm = self.llvm
+        with open(source_path) as stream:
+            source = stream.read()
+        try:
+            module = llvm.parse_assembly(source)
+            module.verify()
+        except RuntimeError as error:
+            raise CompileError(f"LLVM rejected {source_path}: {error}") from None
+        module.triple, module.data_layout = self.machine.triple, str(self.machine.target_data)
+        options = llvm.create_pipeline_tuning_options(speed_level=3)
+        options.loop_vectorization, options.slp_vectorization = True, True
+        builder = llvm.create_pass_builder(self.machine, options)
+        builder.getModulePassManager().run(module, builder)
+        with open(binary_path, "wb") as stream:
+            stream.write(self.machine.emit_object(module))
+
+    def open(self, path, name):
+        if path not in self.opened:
+            with open(path, "rb") as stream:
+                self.engine.add_object_file(self.llvm.ObjectFileRef.from_data(stream.read()))
+            self.engine.finalize_object()
+            self.opened.add(path)
+        address = self.engine.get_function_address(name)
+        if not address:
+            raise CompileError(f"kernel {name} is missing from {path}")
+        native = self.ffi.cast("void (*)(char **, int64_t *)", address)
+        ffi = self.ffi
+
+        def launch(arrays, error):
+            pointers = ffi.new("char *[]", [ffi.cast("char *", a.ctypes.data) for a in arrays])
+            native(pointers, ffi.cast("int64_t *", error.ctypes.data))
+        return launch
