@@ -27,7 +27,12 @@ def _llvm():
     return LLVMBackend()
 
 
-BACKENDS = {"c": _c, "llvm": _llvm, "numpy": _numpy}
+def _bang():
+    from metagraph.codegen.bang import BangBackend
+    return BangBackend()
+
+
+BACKENDS = {"c": _c, "llvm": _llvm, "bang": _bang, "numpy": _numpy}
 DEFAULT_ORDER = ("c", "llvm", "numpy")
 
 

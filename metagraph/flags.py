@@ -1,11 +1,13 @@
 """Every environment variable metagraph reads, in one place.
 
-METAGRAPH_BACKEND      backend to start with: c (the default when a C compiler works) or numpy
+METAGRAPH_BACKEND      backend to start with: c (the default when a C compiler works), llvm (the
+                       default without one), bang (BANG-style kernels run on the CPU) or numpy
 METAGRAPH_DEBUG        1: a line per kernel launch and compile; 2: also the generated source;
                        3: also the fused graph of every new schedule
 METAGRAPH_CACHE_DIR    where compiled kernels are kept (default ~/.cache/metagraph)
 METAGRAPH_NUM_THREADS  OpenMP threads per kernel (default: the machine's cores)
 METAGRAPH_CHECK        1: run the numpy oracle beside every kernel and raise on the first mismatch
+METAGRAPH_BANG_NRAM    bytes of on-chip scratchpad a `bang` kernel tiles for (default 512 KiB)
 CC                     the C compiler (default cc)
 """
 import os
@@ -25,3 +27,4 @@ CACHE_DIR = os.environ.get("METAGRAPH_CACHE_DIR") or os.path.join(os.path.expand
                                                                    "metagraph")
 NUM_THREADS = _int("METAGRAPH_NUM_THREADS", os.cpu_count() or 1)
 CHECK = _int("METAGRAPH_CHECK", 0)
+BANG_NRAM = _int("METAGRAPH_BANG_NRAM", 512 * 1024)

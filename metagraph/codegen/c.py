@@ -249,9 +249,10 @@ COMPILE_FLAGS = ["-O2", "-ftree-vectorize", "-fvect-cost-model=dynamic", "-march
                  "-fopenmp", "-fwrapv", "-fno-math-errno", "-std=gnu11", "-pipe"]
 
 
-def compile_shared(source_path, output_path, libraries=("-lmvec", "-lm")):
+def compile_shared(source_path, output_path, libraries=("-lmvec", "-lm"), include=None):
     """Compile one C file into a shared object; raise CompileError with the compiler's output."""
-    command = [compiler_command(), *COMPILE_FLAGS, source_path, "-o", output_path, *libraries]
+    command = [compiler_command(), *COMPILE_FLAGS, *([f"-I{include}"] if include else []), source_path,
+               "-o", output_path, *libraries]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as error:
@@ -284,14 +285,35 @@ def toolchain_identity():
                       ",".join(march), cpu_flags])
 
 
+class SharedObjects:
+    """Kernels in shared objects, loaded through cffi's ABI mode as fn(arrays, error array)."""
+
+    def __init__(self):
+        self.ffi = cffi.FFI()
+        self.declared, self.opened = set(), {}
+
+    def open(self, path, name):
+        if name not in self.declared:
+            self.ffi.cdef(f"void {name}(char **, int64_t *);")
+            self.declared.add(name)
+        if path not in self.opened:
+            self.opened[path] = self.ffi.dlopen(path)
+        native = getattr(self.opened[path], name)
+        ffi = self.ffi
+
+        def launch(arrays, error):
+            pointers = ffi.new("char *[]", [ffi.cast("char *", a.ctypes.data) for a in arrays])
+            native(pointers, ffi.cast("int64_t *", error.ctypes.data))
+        return launch
+
+
 class CBackend(CompiledBackend):
     """Kernels as C, compiled by the system C compiler in batches, loaded through cffi."""
     name = "c"
 
     def __init__(self):
         super().__init__(KernelCache(flags.CACHE_DIR, toolchain_identity()))
-        self.ffi = cffi.FFI()
-        self.declared, self.opened = set(), {}
+        self.objects = SharedObjects()
         self.vector_math, self.libraries = True, ("-lmvec", "-lm")
         self._probe()
 
@@ -312,15 +334,4 @@ class CBackend(CompiledBackend):
         compile_shared(source_path, binary_path, self.libraries)
 
     def open(self, path, name):
-        if name not in self.declared:
-            self.ffi.cdef(f"void {name}(char **, int64_t *);")
-            self.declared.add(name)
-        if path not in self.opened:
-            self.opened[path] = self.ffi.dlopen(path)
-        native = getattr(self.opened[path], name)
-        ffi = self.ffi
-
-        def launch(arrays, error):
-            pointers = ffi.new("char *[]", [ffi.cast("char *", a.ctypes.data) for a in arrays])
-            native(pointers, ffi.cast("int64_t *", error.ctypes.data))
-        return launch
+        return self.objects.open(path, name)

@@ -16,7 +16,7 @@ from metagraph.ops import math as m
 from metagraph.ops.movement import view
 from metagraph.ops.table import apply
 
-BACKENDS = ["c", "llvm"]
+BACKENDS = ["c", "llvm", "bang"]
 SIZES = st.sampled_from([1, 2, 3, 5, 7])
 DTYPES = [dtypes.float32, dtypes.float64, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.int8,
           dtypes.uint8, dtypes.bool_]

@@ -1,0 +1,530 @@
+"""The `bang` backend: kernel IR rendered to BANG-style kernels for scratchpad accelerators.
+
+A kernel is an `__mlu_entry__` function run once per task. Its outer parallel loop is shared out
+by taskId/taskDim; every innermost loop is cut into tiles of TILE lanes; each tile moves its
+operands from global memory into `__nram__` buffers with explicit `__memcpy` (contiguous or
+strided; `__gather` where an address is not affine in the lane), computes with `__bang_*` vector
+intrinsics on whole tiles, reduces with a reduction intrinsic, and writes back with `__memcpy`
+(`__scatter`/`__scatter_<op>` for scatters). TILE is sized so that every buffer of the kernel
+fits the configured on-chip capacity (METAGRAPH_BANG_NRAM). Values that do not change along the
+tile (a matmul's row element, a conv weight) are scalars moved by a one-element `__memcpy`.
+
+No MLU toolchain exists here: `templates/bang_host.h` implements exactly the intrinsics used, and
+the task loop, in plain C, so the kernels compile with the system C compiler and run on the CPU.
+"""
+import hashlib
+import os
+
+from metagraph import dtypes, flags
+from metagraph.codegen import c
+from metagraph.codegen.compiled import CompiledBackend, template, worth_threads
+from metagraph.compiler import ir
+from metagraph.errors import MetagraphError
+from metagraph.expr import Binary, Var, linear_terms, variables
+from metagraph.runtime.cache import KernelCache
+
+CTYPE = c.CTYPE
+TILE_ALIGN = 64          # lanes per tile are a multiple of this (a 128- or 256-byte vector on chip)
+NAME = {"bool": "bool", "uint8": "uint8", "int8": "int8", "int16": "int16", "int32": "int32",
+        "int64": "int64", "float16": "half", "float32": "float", "float64": "double"}
+# the per-op table of vector intrinsics (operands and result are NRAM buffers of TILE lanes)
+VECTOR = {"add": "__bang_add", "mul": "__bang_mul", "max": "__bang_maxequal", "and": "__bang_band",
+          "or": "__bang_bor", "xor": "__bang_bxor", "cmplt": "__bang_lt", "cmpne": "__bang_ne"}
+BOOL_VECTOR = {"add": "__bang_bor", "mul": "__bang_band", "max": "__bang_bor"}
+WITH_SCALAR = {"add": "__bang_add_scalar", "mul": "__bang_mul_scalar", "max": "__bang_maxequal_scalar"}
+UNARY = {"neg": "__bang_neg", "recip": "__bang_active_recip", "sqrt": "__bang_active_sqrt",
+         "exp2": "__bang_active_exp2", "log2": "__bang_active_log2", "sin": "__bang_active_sin"}
+DIVIDE = {"idiv": "__bang_floordiv", "mod": "__bang_floormod"}
+REDUCE = {"add": "__bang_reduce_sum", "mul": "__bang_reduce_mul", "max": "__bang_reduce_max"}
+BOOL_REDUCE = {"add": "__bang_reduce_or", "mul": "__bang_reduce_and", "max": "__bang_reduce_or"}
+SCATTER = {"add": "__scatter_add", "max": "__scatter_max"}
+HEADER = os.path.join(os.path.dirname(__file__), "templates", "bang_host.h")
+
+
+def _affine(expr, var):
+    """The coefficient of loop variable `var` when expr = coefficient * var + (terms without var)."""
+    terms, _ = linear_terms(expr)
+    coefficient = 0
+    for term, coef in terms.items():
+        if isinstance(term, Var) and term.axis == var:
+            coefficient += coef
+        elif var in variables(term):
+            return None
+    return coefficient
+
+
+def _is_relu(value):
+    """where(0 < x, x, 0): relu as the table composes it."""
+    test, x, zero = value.args
+    return isinstance(test, ir.Apply) and test.op == "cmplt" and test.args[1] is x and \
+        isinstance(test.args[0], ir.Scalar) and test.args[0].value == 0 and \
+        isinstance(zero, ir.Scalar) and zero.value == 0 and x.dtype != dtypes.bool_
+
+
+def _redundant_guard(value):
+    """A guard that fills 0 where its load already reads 0 (a padded read)."""
+    inner = getattr(value, "value", None)
+    return isinstance(value, ir.Guard) and value.check is None and value.fill == 0 and \
+        isinstance(inner, ir.Load) and inner.valid is not None and \
+        set(_conjuncts(value.cond)) <= set(_conjuncts(inner.valid))
+
+
+def _conjuncts(cond):
+    if isinstance(cond, Binary) and cond.op == "&&":
+        return _conjuncts(cond.a) + _conjuncts(cond.b)
+    return [cond]
+
+
+class Renderer(c.Renderer):
+    """Renders one kernel's IR to BANG C; scalar math and index arithmetic come from the C renderer."""
+
+    def __init__(self, kernel):
+        super().__init__(kernel)
+        self.lines, self.depth = [], 1
+        self.nram = []                  # (ctype, name, size or None for TILE lanes)
+        self.var = None                 # the loop variable along the tile (None: a single lane)
+        self.at_lane = False            # render the tiled variable at a lane, not at the tile start
+        self.spreads = {}               # uniform value -> its buffer, in the current statement
+        self.extent = 1                 # longest tiled loop
+
+    # ---- plumbing --------------------------------------------------------------------------
+    def emit(self, line):
+        self.lines.append("    " * self.depth + line)
+
+    def buffer(self, dtype, size=None, stem="nram"):
+        name = f"{stem}{len(self.nram)}"
+        self.nram.append((CTYPE[dtype.name] if dtype is not None else "int64_t", name, size))
+        return name
+
+    def temporary(self, dtype, text):
+        name = f"t{self.temporaries}"
+        self.temporaries += 1
+        self.emit(f"{CTYPE[dtype.name]} {name} = {text};")
+        return name
+
+    def lane_loop(self, lines):
+        """A loop over the tile's lanes with the lane's own value of the tiled variable (index
+        arithmetic and NRAM only)."""
+        v = self.var
+        self.emit("for (int64_t lane = 0; lane < lanes; lane++) {")
+        self.depth += 1
+        if v is not None:
+            self.emit(f"const int64_t i{v}_lane = i{v} + lane;")
+        for line in lines:
+            self.emit(line)
+        self.depth -= 1
+        self.emit("}")
+
+    def index(self, expr):
+        if self.at_lane and isinstance(expr, Var) and expr.axis == self.var:
+            return f"i{expr.axis}_lane"
+        return super().index(expr)
+
+    def at(self, expr):
+        """An index expression at the current lane (inside lane_loop)."""
+        self.at_lane = True
+        try:
+            return self.index(expr)
+        finally:
+            self.at_lane = False
+
+    def depends(self, expr):
+        return self.var is not None and self.var in variables(expr)
+
+    def varies(self, value):
+        """Whether a value changes along the tile."""
+        if self.var is None:
+            return False
+        if isinstance(value, ir.Load):
+            return self.depends(value.index) or (value.valid is not None and self.depends(value.valid))
+        if isinstance(value, ir.IndexValue):
+            return self.depends(value.expr)
+        if isinstance(value, ir.Ref):
+            return value.index is not None and self.depends(value.index)
+        if isinstance(value, ir.Guard):
+            return self.varies(value.value) or self.depends(value.cond) or \
+                (value.valid is not None and self.depends(value.valid))
+        return any(self.varies(arg) for arg in getattr(value, "args", ()))
+
+    def interval(self, cond):
+        """(lo, hi) C expressions: the lanes where cond holds, when it is a conjunction of affine
+        comparisons in the tiled variable; else None."""
+        lo, hi = "0", "lanes"
+        for part in _conjuncts(cond):
+            if not isinstance(part, Binary) or part.op not in ("<", "<="):
+                return None
+            difference = part.a - part.b if part.op == "<" else part.a - part.b - 1   # difference < 0
+            coef = _affine(difference, self.var)
+            if coef is None:
+                return None
+            # difference(lane) = difference(tile start) + coef * lane < 0
+            start = self.index(difference)
+            if coef > 0:
+                hi = f"MG_MIN({hi}, mg_floordiv(-({start}) - 1, {coef}) + 1)"
+            elif coef < 0:
+                lo = f"MG_MAX({lo}, mg_floordiv({start}, {-coef}) + 1)"
+            else:
+                hi = f"(({start}) < 0 ? {hi} : 0)"
+        return lo, hi
+
+    # ---- values ----------------------------------------------------------------------------
+    def uniform(self, value, names):
+        """A value that is the same on every lane, as a C scalar expression."""
+        if id(value) in names:
+            return names[id(value)]
+        if isinstance(value, ir.Scalar):
+            return c.scalar(value.value, value.dtype)
+        if isinstance(value, ir.Ref):
+            return value.name if value.index is None else f"{value.name}[{self.index(value.index)}]"
+        if isinstance(value, ir.IndexValue):
+            text = f"(({CTYPE[value.dtype.name]})({self.index(value.expr)}))"
+        elif isinstance(value, ir.Load):      # one element, moved by __memcpy into an NRAM slot
+            slot = self.buffer(value.dtype, 1, "slot")
+            copy = f"__memcpy({slot}, p{value.param} + {self.index(value.index)}, " \
+                   f"sizeof({CTYPE[value.dtype.name]}), GDRAM2NRAM);"
+            if value.valid is None:
+                self.emit(copy)
+            else:
+                self.emit(f"{slot}[0] = 0;")
+                self.emit(f"if ({self.index(value.valid)}) {copy}")
+            text = f"{slot}[0]"
+        elif isinstance(value, ir.Guard):
+            inner = self.uniform(value.value, names)
+            cond = self.index(value.cond)
+            if value.valid is not None:
+                cond = f"(!{self.index(value.valid)} || {cond})"
+            fill = c.scalar(value.fill, value.dtype)
+            otherwise = f"(mg_fail(err, {value.check}), {fill})" if value.check else fill
+            text = f"({cond} ? {inner} : {otherwise})"
+        else:
+            text = self.apply(value, [self.uniform(arg, names) for arg in value.args])
+        names[id(value)] = self.temporary(value.dtype, text)
+        return names[id(value)]
+
+    def lanes(self, value, names):
+        """A value along the tile: an NRAM buffer name (or a uniform scalar's C expression, with
+        is_buffer False)."""
+        if _redundant_guard(value):
+            value = value.value
+        if not self.varies(value):
+            return self.uniform(value, names), False
+        if id(value) in names:
+            return names[id(value)], True
+        out = self.buffer(value.dtype) if not isinstance(value, ir.Ref) else None
+        if isinstance(value, ir.Load):
+            self.load(value, out)
+        elif isinstance(value, ir.IndexValue):
+            self.lane_loop([f"{out}[lane] = ({CTYPE[value.dtype.name]})({self.at(value.expr)});"])
+        elif isinstance(value, ir.Ref):
+            if _affine(value.index, self.var) == 1:    # the accumulator's slice is the buffer
+                out = f"({value.name} + {self.index(value.index)})"
+            else:
+                out = self.buffer(value.dtype)
+                self.lane_loop([f"{out}[lane] = {value.name}[{self.at(value.index)}];"])
+        elif isinstance(value, ir.Guard):
+            self.guard(value, out, names)
+        else:
+            self.compute(value, out, names)
+        names[id(value)] = out
+        return out, True
+
+    def spread(self, operand, dtype):
+        """An operand as a buffer: a uniform scalar is written to every lane."""
+        text, is_buffer = operand
+        if is_buffer:
+            return text
+        key = (text, dtype)
+        if key not in self.spreads:
+            self.spreads[key] = self.buffer(dtype)
+            self.emit(f"__bang_write_value({self.spreads[key]}, lanes, ({CTYPE[dtype.name]}){text});")
+        return self.spreads[key]
+
+    def load(self, value, out):
+        ctype, param = CTYPE[value.dtype.name], f"p{value.param}"
+        coef = _affine(value.index, self.var)
+        interval = None
+        if coef is not None and value.valid is not None:
+            interval = self.interval(value.valid)
+        if coef is None or (value.valid is not None and interval is None):
+            offsets = self.buffer(None, stem="offsets")
+            where = self.at(value.valid) if value.valid is not None else None
+            at = self.at(value.index)
+            self.lane_loop([f"{offsets}[lane] = {f'{where} ? {at} : -1' if where else at};"])
+            self.emit(f"__gather({out}, {param}, {offsets}, sizeof({ctype}), lanes);")
+            return
+        start = self.index(value.index)
+        first, count = "0", "lanes"
+        if interval is not None:
+            first, last = interval
+            self.emit(f"__bang_write_zero({out}, lanes);")
+            self.emit(f"{{ const int64_t lo = {first}, hi = {last};")
+            self.depth += 1
+            first, count = "lo", "(hi - lo)"
+            self.emit("if (hi > lo)")
+        source = f"{param} + ({start}) + {coef} * {first}" if first != "0" else f"{param} + ({start})"
+        target = f"{out} + {first}" if first != "0" else out
+        if coef == 1:
+            self.emit(f"__memcpy({target}, {source}, {count} * sizeof({ctype}), GDRAM2NRAM);")
+        else:
+            self.emit(f"__memcpy({target}, {source}, sizeof({ctype}), GDRAM2NRAM, sizeof({ctype}), "
+                      f"{coef} * (int64_t)sizeof({ctype}), {count} - 1);")
+        if interval is not None:
+            self.depth -= 1
+            self.emit("}")
+
+    def guard(self, value, out, names):
+        inner = self.spread(self.lanes(value.value, names), value.dtype)
+        ctype, fill = CTYPE[value.dtype.name], c.scalar(value.fill, value.dtype)
+        self.emit(f"__memcpy({out}, {inner}, lanes * sizeof({ctype}), NRAM2NRAM);")
+        interval = self.interval(value.cond) if value.check is None else None
+        if interval is not None:
+            self.emit(f"{{ const int64_t lo = {interval[0]}, hi = MG_MAX(lo, {interval[1]});")
+            self.emit(f"  __bang_write_value({out}, lo, {fill});")
+            self.emit(f"  __bang_write_value({out} + hi, lanes - hi, {fill}); }}")
+            return
+        outside = f"!({self.at(value.cond)})"
+        if value.valid is not None:
+            outside = f"{self.at(value.valid)} && {outside}"
+        fail = f" *err = {value.check};" if value.check else ""
+        self.lane_loop([f"if ({outside}) {{ {out}[lane] = {fill};{fail} }}"])
+
+    def compute(self, value, out, names):
+        op, dtype = value.op, value.dtype
+        source = value.args[0].dtype
+        if op == "where" and _is_relu(value):
+            self.emit(f"__bang_active_relu({out}, {self.spread(self.lanes(value.args[1], names), dtype)}, lanes);")
+            return
+        operands = [self.lanes(arg, names) for arg in value.args]
+        if op == "cast":
+            self.emit(f"__bang_{NAME[source.name]}2{NAME[dtype.name]}({out}, {self.spread(operands[0], source)}, lanes);")
+        elif op in UNARY:
+            self.emit(f"{UNARY[op]}({out}, {operands[0][0]}, lanes);")
+        elif op == "where":
+            c_, a, b = (self.spread(o, arg.dtype) for o, arg in zip(operands, value.args))
+            self.emit(f"__bang_select({out}, {c_}, {a}, {b}, lanes);")
+        elif op in DIVIDE:
+            a, b = (self.spread(o, source) for o in operands)
+            self.emit(f"{DIVIDE[op]}({out}, {a}, {b}, lanes, err, {value.site});")
+        else:
+            (a, a_is_buffer), (b, b_is_buffer) = operands
+            if source != dtypes.bool_ and op in WITH_SCALAR and not (a_is_buffer and b_is_buffer):
+                vector, scalar = (a, b) if a_is_buffer else (b, a)
+                self.emit(f"{WITH_SCALAR[op]}({out}, {vector}, {scalar}, lanes);")
+                return
+            table = BOOL_VECTOR if source == dtypes.bool_ and op in BOOL_VECTOR else VECTOR
+            a, b = self.spread(operands[0], source), self.spread(operands[1], source)
+            self.emit(f"{table[op]}({out}, {a}, {b}, lanes);")
+
+    def converted(self, buffer, source, target):
+        if source is target:
+            return buffer
+        out = self.buffer(target)
+        self.emit(f"__bang_{NAME[source.name]}2{NAME[target.name]}({out}, {buffer}, lanes);")
+        return out
+
+    # ---- statements --------------------------------------------------------------------------
+    def statement(self, s):
+        names, self.spreads = {}, {}
+        if isinstance(s, ir.Loop):
+            # tiles need lanes that are independent: no inner loops, no per-iteration accumulator
+            if any(isinstance(b, (ir.Loop, ir.Define)) for b in s.body):
+                self.emit(f"for (int64_t i{s.var} = 0; i{s.var} < {s.extent}; i{s.var}++) {{")
+                self.block(s.body)
+                self.emit("}")
+            else:
+                self.tiles(s, "0", "1")
+        elif isinstance(s, ir.Define):
+            self.accumulators[s.name] = s
+            init = c.scalar(s.init, s.dtype)
+            if s.size is None:
+                self.emit(f"{CTYPE[s.dtype.name]} {s.name} = {init};")
+            else:
+                self.nram.append((CTYPE[s.dtype.name], s.name, s.size))
+                self.emit(f"__bang_write_value({s.name}, {s.size}, {init});")
+        elif isinstance(s, ir.Accumulate):
+            self.accumulate(s, names)
+        elif isinstance(s, ir.Store):
+            self.store(s, names)
+        elif isinstance(s, ir.ScatterAccumulate):
+            self.scatter(s, names)
+
+    def block(self, statements):
+        self.depth += 1
+        for s in statements:
+            self.statement(s)
+        self.depth -= 1
+
+    def tiles(self, loop, first, step):
+        """An innermost loop as tiles of TILE lanes (the task's share when step is taskDim)."""
+        v = loop.var
+        self.extent = max(self.extent, loop.extent)
+        start = "0" if first == "0" else f"{first} * TILE"
+        stride = "TILE" if step == "1" else f"{step} * TILE"
+        self.emit(f"for (int64_t i{v} = {start}; i{v} < {loop.extent}; i{v} += {stride}) {{")
+        self.depth += 1
+        self.emit(f"const int64_t lanes = MG_MIN(TILE, {loop.extent} - i{v});")
+        saved, self.var = self.var, v
+        for s in loop.body:
+            self.statement(s)
+        self.var = saved
+        self.depth -= 1
+        self.emit("}")
+
+    def accumulate(self, s, names):
+        define = self.accumulators[s.name]
+        value, is_buffer = self.lanes(s.value, names)
+        if self.var is None:
+            target = s.name if s.index is None else f"{s.name}[{self.index(s.index)}]"
+            self.emit(self.combine(target, s.op, value, define.dtype))
+            return
+        buffer = self.converted(self.spread((value, is_buffer), s.value.dtype), s.value.dtype, define.dtype)
+        if s.index is None:
+            result = self.buffer(define.dtype, 1, "slot")
+            table = BOOL_REDUCE if define.dtype == dtypes.bool_ else REDUCE
+            self.emit(f"{table[s.op]}({result}, {buffer}, lanes);")
+            self.emit(self.combine(s.name, s.op, f"{result}[0]", define.dtype))
+        elif _affine(s.index, self.var) == 1:
+            table = BOOL_VECTOR if define.dtype == dtypes.bool_ else VECTOR
+            target = f"{s.name} + {self.index(s.index)}"
+            self.emit(f"{table[s.op]}({target}, {target}, {buffer}, lanes);")
+        else:
+            self.lane_loop([self.combine(f"{s.name}[{self.at(s.index)}]", s.op, f"{buffer}[lane]",
+                                         define.dtype)])
+
+    def store(self, s, names):
+        param = self.kernel.params[s.param]
+        ctype = CTYPE[param.dtype.name]
+        buffer = self.spread(self.lanes(s.value, names), param.dtype) if self.var is not None else None
+        if buffer is None:
+            slot = self.buffer(param.dtype, 1, "slot")
+            self.emit(f"{slot}[0] = {self.uniform(s.value, names)};")
+            self.emit(f"__memcpy(p{s.param} + {self.index(s.index)}, {slot}, sizeof({ctype}), NRAM2GDRAM);")
+            return
+        coef = _affine(s.index, self.var)
+        target = f"p{s.param} + ({self.index(s.index)})"
+        if coef == 1:
+            self.emit(f"__memcpy({target}, {buffer}, lanes * sizeof({ctype}), NRAM2GDRAM);")
+        elif coef is not None and coef != 0:
+            self.emit(f"__memcpy({target}, {buffer}, sizeof({ctype}), NRAM2GDRAM, {coef} * (int64_t)sizeof({ctype}), "
+                      f"sizeof({ctype}), lanes - 1);")
+        else:
+            offsets = self.buffer(None, stem="offsets")
+            self.lane_loop([f"{offsets}[lane] = {self.at(s.index)};"])
+            self.emit(f"__scatter(p{s.param}, {buffer}, {offsets}, sizeof({ctype}), lanes);")
+
+    def scatter(self, s, names):
+        param = self.kernel.params[s.param]
+        if self.var is None:
+            value = self.uniform(s.value, names)
+            buffer = self.buffer(param.dtype, 1, "slot")
+            self.emit(f"{buffer}[0] = {value};")
+        else:
+            buffer = self.spread(self.lanes(s.value, names), param.dtype)
+        offsets = self.buffer(None, stem="offsets") if self.var is not None else self.buffer(None, 1, "offsets")
+        at = self.at(s.index)
+        if s.valid is None:
+            line = f"{offsets}[lane] = {at};"
+        else:
+            fail = f" *err = {s.check};" if s.check else ""
+            line = f"if ({self.at(s.valid)}) {offsets}[lane] = {at}; else {{ {offsets}[lane] = -1;{fail} }}"
+        if self.var is None:
+            self.emit("{ const int64_t lanes = 1;")
+            self.lane_loop([line])
+            self.emit("}")
+            count = "1"
+        else:
+            self.lane_loop([line])
+            count = "lanes"
+        op = "bor" if param.dtype == dtypes.bool_ else s.op
+        function = "__scatter_bor" if op == "bor" else SCATTER[op]
+        self.emit(f"{function}(p{s.param}, {buffer}, {offsets}, {count});")
+
+    # ---- the kernel --------------------------------------------------------------------------
+    def body(self):
+        """The entry function's statements: outer loops shared by tasks, the rest on task 0."""
+        groups, serial = [], []
+        for s in self.kernel.body:
+            if isinstance(s, ir.Loop) and worth_threads(s):
+                if serial:
+                    groups.append(("serial", serial))
+                    serial = []
+                groups.append(("tasks", [s]))
+            else:
+                serial.append(s)
+        if serial:
+            groups.append(("serial", serial))
+        for k, (kind, statements) in enumerate(groups):
+            if k:
+                self.emit("__sync_all();")
+            if kind == "serial":
+                self.emit("if (taskId == 0) {")
+                self.block(statements)
+                self.emit("}")
+                continue
+            (loop,) = statements
+            if any(isinstance(b, (ir.Loop, ir.Define)) for b in loop.body):
+                self.emit(f"for (int64_t i{loop.var} = taskId; i{loop.var} < {loop.extent}; "
+                          f"i{loop.var} += taskDim) {{")
+                self.block(loop.body)
+                self.emit("}")
+            else:
+                self.tiles(loop, "taskId", "taskDim")
+        return self.lines
+
+    def tile(self, capacity):
+        """Lanes per tile: every buffer of the kernel fits `capacity` bytes of NRAM."""
+        fixed = sum(_size(ctype) * size for ctype, _, size in self.nram if size is not None)
+        per_lane = sum(_size(ctype) for ctype, _, size in self.nram if size is None)
+        if fixed + per_lane > capacity:
+            raise MetagraphError(f"bang: kernel {self.kernel.name} needs {fixed + per_lane} bytes of NRAM "
+                                 f"for a single lane; METAGRAPH_BANG_NRAM is {capacity}")
+        lanes = (capacity - fixed) // max(per_lane, 1)
+        wanted = -(-self.extent // TILE_ALIGN) * TILE_ALIGN
+        if lanes >= TILE_ALIGN:
+            lanes = lanes // TILE_ALIGN * TILE_ALIGN
+        return max(1, min(lanes, wanted))
+
+
+def _size(ctype):
+    return {"uint8_t": 1, "int8_t": 1, "int16_t": 2, "int32_t": 4, "int64_t": 8, "_Float16": 2,
+            "float": 4, "double": 8}[ctype]
+
+
+_TEMPLATE = template("bang.j2")
+
+
+def render(kernels, capacity=None):
+    """BANG C for a batch of kernels, each tiled for `capacity` bytes of NRAM."""
+    capacity = capacity or flags.BANG_NRAM
+    views = []
+    for kernel in kernels:
+        renderer = Renderer(kernel)
+        lines = renderer.body()
+        tile = renderer.tile(capacity)
+        nram_bytes = sum(_size(ctype) * (size if size is not None else tile) for ctype, _, size in renderer.nram)
+        views.append({"name": kernel.name, "lines": lines, "tile": tile, "nram": renderer.nram,
+                      "nram_bytes": nram_bytes,
+                      "params": [{"ctype": CTYPE[p.dtype.name], "output": p.output} for p in kernel.params]})
+    return _TEMPLATE.render(kernels=views, names=[k.name for k in kernels], tasks=flags.NUM_THREADS,
+                            capacity=capacity)
+
+
+class BangBackend(CompiledBackend):
+    """BANG-style kernels compiled for the CPU through the host header and the system C compiler."""
+    name = "bang"
+
+    def __init__(self):
+        with open(HEADER, "rb") as stream:
+            header = hashlib.sha256(stream.read()).hexdigest()
+        identity = f"bang\n{header}\n{c.toolchain_identity()}"
+        super().__init__(KernelCache(flags.CACHE_DIR, identity, ".bang.c", ".so"))
+        self.objects = c.SharedObjects()
+
+    def render(self, kernels):
+        return render(kernels)
+
+    def compile(self, source_path, binary_path):
+        c.compile_shared(source_path, binary_path, ("-lm",), include=os.path.dirname(HEADER))
+
+    def open(self, path, name):
+        return self.objects.open(path, name)
