@@ -28,7 +28,7 @@ from metagraph.runtime.cache import KernelCache
 LTYPE = {"bool": "i8", "uint8": "i8", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
          "float16": "half", "float32": "float", "float64": "double"}
 # the per-op table: (op, kind) -> instruction; kind is f (float), i (signed), u (unsigned), b (bool)
-BINARY = {("add", "f"): "fadd contract", ("mul", "f"): "fmul contract",
+BINARY = {("add", "f"): "fadd", ("mul", "f"): "fmul",
           ("add", "i"): "add", ("mul", "i"): "mul", ("add", "u"): "add", ("mul", "u"): "mul",
           ("add", "b"): "or", ("mul", "b"): "and"}
 BITWISE = {"and": "and", "or": "or", "xor": "xor"}
@@ -39,7 +39,7 @@ GREATER = {"f": "fcmp ogt", "i": "icmp sgt", "u": "icmp ugt", "b": "icmp ugt"}
 MATH = {"sqrt": "llvm.sqrt", "exp2": "llvm.exp2", "log2": "llvm.log2", "sin": "llvm.sin"}
 FLOAT_SUFFIX = {"float16": "f16", "float32": "f32", "float64": "f64"}
 # accumulating may reorder (what `omp simd reduction` allows the C backend): it lets loops vectorise
-ACCUMULATE = {("add", "f"): "fadd reassoc contract", ("mul", "f"): "fmul reassoc contract"}
+ACCUMULATE = {("add", "f"): "fadd reassoc", ("mul", "f"): "fmul reassoc"}
 INDEX_COMPARE = {"<": "slt", "<=": "sle", "==": "eq", "!=": "ne"}
 INDEX_ARITH = {"+": "add", "-": "sub", "*": "mul"}
 

@@ -1,23 +1,28 @@
-"""Golden generated sources: what the C backend emits for a few kernels, read by a person.
+"""Golden generated sources: what the C and bang backends emit for a few kernels, read by a person.
 
 Regenerate after an intended change with METAGRAPH_UPDATE_GOLDEN=1 and review the diff."""
 
 import os
+import re
 
 import pytest
 
 import metagraph as mg
 import metagraph.nn.functional as F
-from metagraph.codegen.c import render
+from metagraph.codegen import bang, c
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import schedule
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 
 
-def _sources(*tensors):
+def _sources(*tensors, backend="c"):
     """The generated kernel functions (without the file's shared header of helpers)."""
-    source = render([step.kernel for step in schedule(pending_graph([t.node for t in tensors]))])
+    kernels = [step.kernel for step in schedule(pending_graph([t.node for t in tensors]))]
+    if backend == "bang":
+        source = bang.render(kernels)
+        return source[source.index(f"\n/* {kernels[0].name}: ") + 1:]
+    source = c.render(kernels)
     return source[source.index("\nvoid ") + 1:]
 
 
@@ -37,10 +42,11 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("backend", ["c", "bang"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_generated_source_matches_golden(name):
-    source = _sources(CASES[name]())
-    path = os.path.join(GOLDEN, name + ".c")
+def test_generated_source_matches_golden(name, backend):
+    source = _sources(CASES[name](), backend=backend)
+    path = os.path.join(GOLDEN, name + (".c" if backend == "c" else ".bang.c"))
     if os.environ.get("METAGRAPH_UPDATE_GOLDEN"):
         with open(path, "w") as stream:
             stream.write(source)
@@ -57,3 +63,20 @@ def test_golden_matmul_runs_i_k_j_without_division():
         and "/" not in body
         and "%" not in body
     )
+
+
+@pytest.mark.parametrize("name", ["elementwise_chain", "row_sum", "matmul", "conv_bias_relu"])
+def test_bang_moves_tiles_through_nram_with_copies_and_vector_intrinsics(name):
+    source = _sources(CASES[name](), backend="bang")
+    assert "__nram__" in source and "GDRAM2NRAM" in source and "NRAM2GDRAM" in source
+    assert re.search(r"__bang_(add|mul|active_relu|maxequal|reduce_sum)\w*\(", source)
+    # global memory only through copies: no element of a kernel parameter indexed directly,
+    # no per-element gather, and no lane loops at all in these kernels
+    assert not re.search(r"\bp\d+\[", source)
+    assert "__gather" not in source and "__scatter" not in source and "lane++" not in source
+
+
+def test_bang_reduces_with_the_reduction_intrinsic_and_pads_by_interval():
+    assert "__bang_reduce_sum(" in _sources(CASES["row_sum"](), backend="bang")
+    conv = _sources(CASES["conv_bias_relu"](), backend="bang")
+    assert "__bang_write_zero(" in conv and "const int64_t lo = " in conv and "__bang_active_relu(" in conv

@@ -1,5 +1,5 @@
-"""Random graphs of meta-ops give the same values and gradients on the code generators as on
-the numpy oracle (hypothesis draws shapes with size-1 and odd sizes, every dtype, and reindex
+"""Conformance: random graphs of meta-ops give the same values and gradients on every backend as
+on the numpy oracle (hypothesis draws shapes with size-1 and odd sizes, every dtype, and reindex
 maps with padding, strides and flips)."""
 import os
 
@@ -10,13 +10,12 @@ from hypothesis import strategies as st
 
 import metagraph as mg
 from metagraph import dtypes
-from metagraph.codegen.interpreter import NumpyBackend
 from metagraph.expr import Const, Var
 from metagraph.ops import math as m
 from metagraph.ops.movement import view
 from metagraph.ops.table import apply
+from tests.conformance.conftest import BACKENDS, against_oracle
 
-BACKENDS = ["c", "llvm", "bang"]
 SIZES = st.sampled_from([1, 2, 3, 5, 7])
 DTYPES = [dtypes.float32, dtypes.float64, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.int8,
           dtypes.uint8, dtypes.bool_]
@@ -24,7 +23,8 @@ DTYPES = [dtypes.float32, dtypes.float64, dtypes.float16, dtypes.int32, dtypes.i
 # failures with METAGRAPH_HYPOTHESIS_EXAMPLES=1000 METAGRAPH_HYPOTHESIS_RANDOM=1.
 SETTINGS = settings(max_examples=int(os.environ.get("METAGRAPH_HYPOTHESIS_EXAMPLES", 80)), deadline=None,
                     derandomize=not os.environ.get("METAGRAPH_HYPOTHESIS_RANDOM"),
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.function_scoped_fixture])
 
 
 def _leaf(data, shape, dtype):
@@ -147,35 +147,18 @@ def _graph(data):
     return values[-1], values
 
 
-def _compare(got, want, dtype):
-    if dtype.is_float:
-        tolerance = 2e-2 if dtype == dtypes.float16 else (1e-4 if dtype == dtypes.float32 else 1e-9)
-        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tolerance,
-                                   atol=tolerance, equal_nan=True)
-    else:
-        np.testing.assert_array_equal(got, want)
-
-
-def _backend(name):
-    mg.set_backend(name)
-    from metagraph import backend
-    return backend._active
-
-
-@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 @SETTINGS
 @given(data=st.data())
-def test_random_graph_values(name, data):
+def test_random_graph_values(backend, data):
     out, _ = _graph(data)
-    got = _backend(name).realize([out])[0]
-    want = NumpyBackend().realize([out])[0]
-    _compare(got, want, out.dtype)
+    against_oracle(backend, [out])
 
 
-@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 @SETTINGS
 @given(data=st.data())
-def test_random_graph_gradients(name, data):
+def test_random_graph_gradients(backend, data):
     out, values = _graph(data)
     leaves = [v for v in values[:1] if v.requires_grad]
     if not out.requires_grad or not leaves:
@@ -185,11 +168,4 @@ def test_random_graph_gradients(name, data):
     loss = apply("reduce", apply("mul", out, projection), op="add", axes=tuple(range(out.ndim)),
                  keepdim=False)
     grads = gradients([loss], [m.const(1, (), loss.dtype)])
-    grad = grads[leaves[0].id]
-    got = _backend(name).realize([grad])[0]
-    want = NumpyBackend().realize([grad])[0]
-    _compare(got, want, grad.dtype)
-
-
-def teardown_module():
-    mg.set_backend("c")
+    against_oracle(backend, [grads[leaves[0].id]])
