@@ -26,7 +26,7 @@ def pending_graph(outputs):
         node, expanded = stack.pop()
         if node.id in position:
             continue
-        if node.buffer is not None:
+        if node.buffer is not None and node.op != "const":   # a realised constant stays a constant
             position[node.id] = len(nodes)
             nodes.append(node)
             signature.append(("buffer", node.shape, node.dtype))

@@ -9,7 +9,7 @@ import hashlib
 from dataclasses import dataclass
 
 from metagraph import dtypes
-from metagraph.compiler import ir
+from metagraph.compiler import decompose, ir
 from metagraph.compiler.fusion import materialised
 from metagraph.compiler.simplify import simplify, substitute
 from metagraph.errors import IndexOutOfRange, MetagraphError
@@ -34,17 +34,18 @@ class _Refuse(Exception):
         self.position = position
 
 
-def schedule(graph):
-    """The kernel launches that compute graph's outputs, in order."""
+def schedule(graph, renders=None):
+    """The kernel launches that compute graph's outputs, in order (`renders`: the table ops the
+    backend renders, None for all; the others are decomposed)."""
     chosen, unfusable = materialised(graph), set()
     while True:
         try:
-            return _steps(graph, chosen, unfusable)
+            return _steps(graph, chosen, unfusable, renders)
         except _Refuse as refused:
             (unfusable if refused.position in chosen else chosen).add(refused.position)
 
 
-def _steps(graph, chosen, unfusable):
+def _steps(graph, chosen, unfusable, renders):
     readers = _readers(graph, chosen)
     fused = {}
     for k in sorted(chosen - unfusable):
@@ -60,7 +61,7 @@ def _steps(graph, chosen, unfusable):
         epilogue_reduce = [r for r, reader in fused.items() if reader == k]
         if len(epilogue_reduce) > 1:          # at most one reduction per kernel
             raise _Refuse(epilogue_reduce[1])
-        steps.append(_Lowering(graph, chosen, k, epilogue_reduce).kernel())
+        steps.append(_Lowering(graph, chosen, k, epilogue_reduce, renders).kernel())
     return steps
 
 
@@ -128,8 +129,8 @@ def _size(expr):
 
 
 class _Lowering:
-    def __init__(self, graph, chosen, root, epilogue_reduce):
-        self.graph, self.chosen, self.root = graph, chosen, root
+    def __init__(self, graph, chosen, root, epilogue_reduce, renders=None):
+        self.graph, self.chosen, self.root, self.renders = graph, chosen, root, renders
         self.fused_reduce = epilogue_reduce[0] if epilogue_reduce else None
         self.params, self.param_of, self.sites, self.memo = [], {}, [], {}
         self.extents, self.accumulator = {}, None
@@ -166,10 +167,10 @@ class _Lowering:
         k = self.graph.position[node.id]
         if k == self.fused_reduce:
             return self.reduction(node, index)
-        if node.buffer is not None or (k in self.chosen and k != self.root):
-            return ir.Load(self.param(k), self.flat(node.shape, index), node.dtype, valid)
         if node.op == "const":
             return ir.Scalar(node.attrs["value"], node.dtype)
+        if node.buffer is not None or (k in self.chosen and k != self.root):
+            return ir.Load(self.param(k), self.flat(node.shape, index), node.dtype, valid)
         if node.op == "index":
             return ir.IndexValue(index[node.attrs["axis"]], node.dtype)
         if node.op == "reindex":
@@ -181,7 +182,7 @@ class _Lowering:
         args = tuple(self.value(source, index, valid) for source in node.inputs)
         site = self.site(MetagraphError, "integer division by zero", node) if node.op in ("idiv", "mod") \
             else None
-        return ir.Apply(node.op, args, node.dtype, site)
+        return decompose.apply(node.op, args, node.dtype, site, self.renders)
 
     def extras(self, node, expr):
         """Index expression with Extra(k) renumbered to the kernel parameter of extra k."""

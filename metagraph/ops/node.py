@@ -53,6 +53,8 @@ class Node:
     def set_buffer(self, array):
         """Store the realised value; drop the history unless autograd may still walk it."""
         self.buffer = array
+        if self.op == "const":      # stays a constant in later graphs (constants are shared nodes)
+            return
         if self.leaf or not self.requires_grad:
             self.op, self.inputs, self.attrs, self.leaf = "buffer", (), {}, True
 

@@ -101,3 +101,12 @@ def test_profile_reports_launches_compiles_and_memory(backend):
     kernel = prof.kernels[0]
     assert kernel.calls == 1 and kernel.seconds > 0 and kernel.name + "(" in kernel.source
     assert kernel.name in prof.table()
+
+
+def test_a_realised_constant_stays_a_constant_in_later_kernels():
+    """Constants are shared nodes: reading one must not turn it into a kernel input elsewhere."""
+    from metagraph.ops import math as m
+    mg.Tensor(m.const(0.0, (64,), mg.float32)).numpy()     # the shared node relu compares with
+    x = mg.rand(64)
+    (step,) = kernels(F.relu(x))
+    assert len(step.kernel.params) == 2            # the output and x: the 0 is a literal
