@@ -2,6 +2,7 @@
 
     python -m metagraph.bench                 # every workload, a table and bench.json
     python -m metagraph.bench --only W1,W3a   # some of them
+    python -m metagraph.bench --backends      # the llvm and bang code generators against c
 
 Each figure is the median of --repeat timed calls after two warm-up calls, every call forced to
 complete (read back to numpy). Ratios are torch time / metagraph time: above 1, metagraph is
@@ -243,6 +244,42 @@ def digits_time_to_95(max_epochs=50):
     return reached, accuracy
 
 
+BACKEND_WORKLOADS = {
+    "W1": ("fused element-wise chain, 2^24 floats", w1),
+    "W2": ("row softmax 4096x1024", w2),
+    "M512": ("matmul 512^3", _matmul(512)),
+}
+
+
+def compare_backends(repeat, json_path):
+    """The same workloads on every code generator that works here, in one run; ratio = c time /
+    backend time (above 1: faster than c)."""
+    names = []
+    for name in ("c", "llvm", "bang"):
+        try:
+            mg.set_backend(name)
+            names.append(name)
+        except mg.MetagraphError as error:
+            print(f"backend {name} unavailable: {str(error).splitlines()[0]}")
+    print(f"{mg.flags.NUM_THREADS} threads; milliseconds per call (median of {repeat}), ratio = c / backend")
+    rows = []
+    for key, (title, make) in BACKEND_WORKLOADS.items():
+        ours = make(None)[0]
+        row = {"id": key, "workload": title, "ms": {}}
+        for name in names:
+            mg.set_backend(name)
+            row["ms"][name] = median_seconds(ours, repeat) * 1e3
+        if "c" in row["ms"]:
+            row["ratio_to_c"] = {name: row["ms"]["c"] / ms for name, ms in row["ms"].items()}
+        rows.append(row)
+        cells = "  ".join(f"{name} {ms:8.2f}" + (f" ({row['ratio_to_c'][name]:.2f})" if "ratio_to_c" in row else "")
+                          for name, ms in row["ms"].items())
+        print(f"{key:<5} {title:<40} {cells}", flush=True)
+    with open(json_path, "w") as stream:
+        json.dump(rows, stream, indent=1)
+    print(f"wrote {json_path}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -250,7 +287,12 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", default="bench.json")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-start measurement")
+    parser.add_argument("--backends", action="store_true",
+                        help="compare the code generators (c, llvm, bang) instead of PyTorch")
     args = parser.parse_args(argv)
+    if args.backends:
+        compare_backends(args.repeat, args.json)
+        return
     chosen = set(args.only.split(",")) if args.only else set(WORKLOADS) | {"W8"}
     torch = _torch()
     print(f"metagraph {mg.get_backend()} backend, {mg.flags.NUM_THREADS} threads; "

@@ -493,8 +493,9 @@ def _size(ctype):
 _TEMPLATE = template("bang.j2")
 
 
-def render(kernels, capacity=None):
-    """BANG C for a batch of kernels, each tiled for `capacity` bytes of NRAM."""
+def render(kernels, capacity=None, vector_math=False):
+    """BANG C for a batch of kernels, each tiled for `capacity` bytes of NRAM (vector_math: the
+    host header may declare libmvec's SIMD math functions)."""
     capacity = capacity or flags.BANG_NRAM
     views = []
     for kernel in kernels:
@@ -506,7 +507,7 @@ def render(kernels, capacity=None):
                       "nram_bytes": nram_bytes,
                       "params": [{"ctype": CTYPE[p.dtype.name], "output": p.output} for p in kernel.params]})
     return _TEMPLATE.render(kernels=views, names=[k.name for k in kernels], tasks=flags.NUM_THREADS,
-                            capacity=capacity)
+                            capacity=capacity, vector_math=vector_math)
 
 
 class BangBackend(CompiledBackend):
@@ -519,12 +520,13 @@ class BangBackend(CompiledBackend):
         identity = f"bang\n{header}\n{c.toolchain_identity()}"
         super().__init__(KernelCache(flags.CACHE_DIR, identity, ".bang.c", ".so"))
         self.objects = c.SharedObjects()
+        c.probe_vector_math(self)
 
     def render(self, kernels):
-        return render(kernels)
+        return render(kernels, vector_math=self.vector_math)
 
     def compile(self, source_path, binary_path):
-        c.compile_shared(source_path, binary_path, ("-lm",), include=os.path.dirname(HEADER))
+        c.compile_shared(source_path, binary_path, self.libraries, include=os.path.dirname(HEADER))
 
     def open(self, path, name):
         return self.objects.open(path, name)

@@ -12,7 +12,7 @@ import cffi
 import numpy as np
 
 from metagraph import dtypes, flags
-from metagraph.codegen.compiled import CompileError, CompiledBackend, template, worth_threads
+from metagraph.codegen.compiled import CompileError, CompiledBackend, launcher, template, worth_threads
 from metagraph.compiler import ir
 from metagraph.compiler.simplify import value_range
 from metagraph.expr import Const, Extra, Select, Var
@@ -285,6 +285,19 @@ def toolchain_identity():
                       ",".join(march), cpu_flags])
 
 
+def probe_vector_math(backend):
+    """Compile a trivial kernel once, so that a broken compiler is found before any real work;
+    without glibc's vector math library (libmvec), math calls stay scalar. Sets the backend's
+    `vector_math` and `libraries`."""
+    backend.vector_math, backend.libraries = True, ("-lmvec", "-lm")
+    with profiler.suspended():
+        try:
+            backend.load([ir.Kernel("probe_kernel", [], [])])
+        except CompileError:
+            backend.vector_math, backend.libraries = False, ("-lm",)
+            backend.load([ir.Kernel("probe_kernel", [], [])])
+
+
 class SharedObjects:
     """Kernels in shared objects, loaded through cffi's ABI mode as fn(arrays, error array)."""
 
@@ -298,13 +311,7 @@ class SharedObjects:
             self.declared.add(name)
         if path not in self.opened:
             self.opened[path] = self.ffi.dlopen(path)
-        native = getattr(self.opened[path], name)
-        ffi = self.ffi
-
-        def launch(arrays, error):
-            pointers = ffi.new("char *[]", [ffi.cast("char *", a.ctypes.data) for a in arrays])
-            native(pointers, ffi.cast("int64_t *", error.ctypes.data))
-        return launch
+        return launcher(self.ffi, getattr(self.opened[path], name))
 
 
 class CBackend(CompiledBackend):
@@ -314,18 +321,7 @@ class CBackend(CompiledBackend):
     def __init__(self):
         super().__init__(KernelCache(flags.CACHE_DIR, toolchain_identity()))
         self.objects = SharedObjects()
-        self.vector_math, self.libraries = True, ("-lmvec", "-lm")
-        self._probe()
-
-    def _probe(self):
-        """Compile a trivial kernel once, so that a broken compiler is found before any real work;
-        without glibc's vector math library (libmvec), math calls stay scalar."""
-        with profiler.suspended():
-            try:
-                self.load([ir.Kernel("probe_kernel", [], [])])
-            except CompileError:
-                self.vector_math, self.libraries = False, ("-lm",)
-                self.load([ir.Kernel("probe_kernel", [], [])])
+        probe_vector_math(self)
 
     def render(self, kernels):
         return render(kernels, self.vector_math)

@@ -38,6 +38,14 @@ class CompileError(MetagraphError):
     """A toolchain rejected generated code, or no working toolchain exists."""
 
 
+def launcher(ffi, native):
+    """The callable fn(arrays, error array) for a native `void kernel(char **args, int64_t *err)`."""
+    def launch(arrays, error):
+        pointers = ffi.new("char *[]", [ffi.cast("char *", a.ctypes.data) for a in arrays])
+        native(pointers, ffi.cast("int64_t *", error.ctypes.data))
+    return launch
+
+
 def worth_threads(loop):
     """Whether an outer loop is spread over threads (or tasks): parallel, and enough work."""
     return loop.kind == ir.PARALLEL and loop.extent >= 2 and _work(loop) >= PARALLEL_WORK
@@ -51,6 +59,8 @@ def _work(loop):
 class CompiledBackend:
     name = None
     compile_jobs = flags.NUM_THREADS     # toolchain calls that may run at once
+    renders = None      # the table ops this backend renders (None: every row); lowering decomposes
+                        # the others (compiler/decompose.py)
 
     def __init__(self, cache):
         self.schedules = {}
@@ -116,7 +126,7 @@ class CompiledBackend:
         graph = pending_graph(outputs)
         entry = self.schedules.get(graph.key)
         if entry is None:
-            steps = schedule(graph)
+            steps = schedule(graph, self.renders)
             if flags.DEBUG >= 3:
                 print("metagraph: new schedule\n" + "\n".join(
                     f"  {k}: {n.op} {n.shape} {n.dtype.name} <- "

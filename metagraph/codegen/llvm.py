@@ -19,7 +19,7 @@ import cffi
 import numpy as np
 
 from metagraph import dtypes, flags
-from metagraph.codegen.compiled import CompileError, CompiledBackend, template, worth_threads
+from metagraph.codegen.compiled import CompileError, CompiledBackend, launcher, template, worth_threads
 from metagraph.compiler import ir
 from metagraph.compiler.simplify import value_range
 from metagraph.expr import Binary, Const, Extra, Select, Var
@@ -505,10 +505,4 @@ class LLVMBackend(CompiledBackend):
         address = self.engine.get_function_address(name)
         if not address:
             raise CompileError(f"kernel {name} is missing from {path}")
-        native = self.ffi.cast("void (*)(char **, int64_t *)", address)
-        ffi = self.ffi
-
-        def launch(arrays, error):
-            pointers = ffi.new("char *[]", [ffi.cast("char *", a.ctypes.data) for a in arrays])
-            native(pointers, ffi.cast("int64_t *", error.ctypes.data))
-        return launch
+        return launcher(self.ffi, self.ffi.cast("void (*)(char **, int64_t *)", address))

@@ -17,6 +17,22 @@
 #include <stdint.h>
 #include <string.h>
 
+#ifdef MG_VECTOR_MATH
+/* glibc's libmvec has vector versions of these: declaring them lets the math loops vectorise */
+#pragma omp declare simd notinbranch
+extern float exp2f(float);
+#pragma omp declare simd notinbranch
+extern float log2f(float);
+#pragma omp declare simd notinbranch
+extern float sinf(float);
+#pragma omp declare simd notinbranch
+extern double exp2(double);
+#pragma omp declare simd notinbranch
+extern double log2(double);
+#pragma omp declare simd notinbranch
+extern double sin(double);
+#endif
+
 #define __mlu_entry__
 #define __nram__
 static __thread int64_t taskId, taskDim;
@@ -76,21 +92,23 @@ static inline void __scatter(void *dst, const void *src, const int64_t *offsets,
 #define MG_NAN(T, x) ((x) != (x))
 #define MG_GREATER(x, y) (MG_NAN(T, x) || (x) > (y))      /* max: NaN wins */
 
+/* each intrinsic is a loop the host compiler vectorises (omp simd) */
+#define MG_SIMD _Pragma("omp simd")
 #define MG_BINARY(name, T, s, expr) \
     static inline void name##_##s(T *d, T *a, T *b, int64_t n) { \
-        for (int64_t i = 0; i < n; i++) { T x = a[i], y = b[i]; d[i] = (expr); } }
+        MG_SIMD for (int64_t i = 0; i < n; i++) { T x = a[i], y = b[i]; d[i] = (expr); } }
 #define MG_BINARY_SCALAR(name, T, s, expr) \
     static inline void name##_##s(T *d, T *a, T y, int64_t n) { \
-        for (int64_t i = 0; i < n; i++) { T x = a[i]; d[i] = (expr); } }
+        MG_SIMD for (int64_t i = 0; i < n; i++) { T x = a[i]; d[i] = (expr); } }
 #define MG_COMPARE(name, T, s, expr) \
     static inline void name##_##s(uint8_t *d, T *a, T *b, int64_t n) { \
-        for (int64_t i = 0; i < n; i++) { T x = a[i], y = b[i]; d[i] = (expr); } }
+        MG_SIMD for (int64_t i = 0; i < n; i++) { T x = a[i], y = b[i]; d[i] = (expr); } }
 #define MG_UNARY(name, T, s, expr) \
     static inline void name##_##s(T *d, T *a, int64_t n) { \
-        for (int64_t i = 0; i < n; i++) { T x = a[i]; d[i] = (expr); } }
-#define MG_REDUCE(name, T, s, init, step) \
+        MG_SIMD for (int64_t i = 0; i < n; i++) { T x = a[i]; d[i] = (expr); } }
+#define MG_REDUCE(name, T, s, init, clause, step) \
     static inline void name##_##s(T *d, T *a, int64_t n) { \
-        T r = (init); for (int64_t i = 0; i < n; i++) { T x = a[i]; step; } d[0] = r; }
+        T r = (init); _Pragma(clause) for (int64_t i = 0; i < n; i++) { T x = a[i]; step; } d[0] = r; }
 
 #define MG_ALL_TYPES(T, s) \
     MG_BINARY(mg_add, T, s, x + y) \
@@ -103,9 +121,14 @@ static inline void __scatter(void *dst, const void *src, const int64_t *offsets,
     MG_COMPARE(mg_ne, T, s, x != y) \
     MG_UNARY(mg_neg, T, s, -x) \
     MG_UNARY(mg_active_relu, T, s, x > (T)0 ? x : (T)0) \
-    MG_REDUCE(mg_reduce_sum, T, s, 0, r += x) \
-    MG_REDUCE(mg_reduce_mul, T, s, 1, r *= x) \
-    MG_REDUCE(mg_reduce_max, T, s, a[0], if (MG_GREATER(x, r) && !MG_NAN(T, r)) r = x) \
+    MG_REDUCE(mg_reduce_sum, T, s, 0, "omp simd reduction(+:r)", r += x) \
+    MG_REDUCE(mg_reduce_mul, T, s, 1, "omp simd reduction(*:r)", r *= x) \
+    static inline void mg_reduce_max_##s(T *d, T *a, int64_t n) { /* NaN wins */ \
+        T r = a[0]; uint8_t nan = 0; \
+        _Pragma("omp simd reduction(max:r) reduction(|:nan)") \
+        for (int64_t i = 0; i < n; i++) { T x = a[i]; nan |= MG_NAN(T, x); r = x > r ? x : r; } \
+        if (nan) for (int64_t i = 0; i < n; i++) if (MG_NAN(T, a[i])) { d[0] = a[i]; return; } \
+        d[0] = r; } \
     static inline void mg_write_value_##s(T *d, int64_t n, T v) { for (int64_t i = 0; i < n; i++) d[i] = v; } \
     static inline void mg_select_##s(T *d, uint8_t *c, T *a, T *b, int64_t n) { \
         for (int64_t i = 0; i < n; i++) d[i] = c[i] ? a[i] : b[i]; } \
@@ -118,8 +141,8 @@ static inline void __scatter(void *dst, const void *src, const int64_t *offsets,
     MG_BINARY(mg_band, T, s, x & y) \
     MG_BINARY(mg_bor, T, s, x | y) \
     MG_BINARY(mg_bxor, T, s, x ^ y) \
-    MG_REDUCE(mg_reduce_or, T, s, 0, r |= x) \
-    MG_REDUCE(mg_reduce_and, T, s, 1, r &= x) \
+    MG_REDUCE(mg_reduce_or, T, s, 0, "omp simd reduction(|:r)", r |= x) \
+    MG_REDUCE(mg_reduce_and, T, s, 1, "omp simd reduction(&:r)", r &= x) \
     static inline void mg_scatter_bor_##s(T *d, T *a, const int64_t *o, int64_t n) { \
         for (int64_t i = 0; i < n; i++) if (o[i] >= 0) d[o[i]] |= a[i]; } \
     static inline void mg_floordiv_##s(T *d, T *a, T *b, int64_t n, int64_t *err, int64_t site) { \
