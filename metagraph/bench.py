@@ -3,6 +3,7 @@
     python -m metagraph.bench                 # every workload, a table and bench.json
     python -m metagraph.bench --only W1,W3a   # some of them
     python -m metagraph.bench --backends      # the llvm and bang code generators against c
+    python -m metagraph.bench --library       # contractions through numpy's BLAS (library_op)
 
 Each figure is the median of --repeat timed calls after two warm-up calls, every call forced to
 complete (read back to numpy). Ratios are torch time / metagraph time: above 1, metagraph is
@@ -287,6 +288,8 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", default="bench.json")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-start measurement")
+    parser.add_argument("--library", action="store_true",
+                        help="run einsum-like contractions through numpy's BLAS (METAGRAPH_LIBRARY=1)")
     parser.add_argument("--backends", action="store_true",
                         help="compare the code generators (c, llvm, bang) instead of PyTorch")
     args = parser.parse_args(argv)
@@ -295,7 +298,9 @@ def main(argv=None):
         return
     chosen = set(args.only.split(",")) if args.only else set(WORKLOADS) | {"W8"}
     torch = _torch()
-    print(f"metagraph {mg.get_backend()} backend, {mg.flags.NUM_THREADS} threads; "
+    mg.flags.LIBRARY = 1 if args.library else mg.flags.LIBRARY
+    print(f"metagraph {mg.get_backend()} backend, {mg.flags.NUM_THREADS} threads, "
+          f"contractions {'through the BLAS numpy links' if mg.flags.LIBRARY else 'generated'}; "
           f"PyTorch {torch.__version__ if torch else 'not installed'}", flush=True)
     rows = []
     for key, (title, make) in WORKLOADS.items():

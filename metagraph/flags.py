@@ -7,6 +7,8 @@ METAGRAPH_DEBUG        1: a line per kernel launch and compile; 2: also the gene
 METAGRAPH_CACHE_DIR    where compiled kernels are kept (default ~/.cache/metagraph)
 METAGRAPH_NUM_THREADS  OpenMP threads per kernel (default: the machine's cores)
 METAGRAPH_CHECK        1: run the numpy oracle beside every kernel and raise on the first mismatch
+METAGRAPH_LIBRARY      1: contractions that are einsums (matmul, linear, 1x1 conv) run through the BLAS
+                       numpy links instead of generated code (off by default; settable at run time)
 METAGRAPH_BANG_NRAM    bytes of on-chip scratchpad a `bang` kernel tiles for (default 512 KiB)
 CC                     the C compiler (default cc)
 """
@@ -28,3 +30,4 @@ CACHE_DIR = os.environ.get("METAGRAPH_CACHE_DIR") or os.path.join(os.path.expand
 NUM_THREADS = _int("METAGRAPH_NUM_THREADS", os.cpu_count() or 1)
 CHECK = _int("METAGRAPH_CHECK", 0)
 BANG_NRAM = _int("METAGRAPH_BANG_NRAM", 512 * 1024)
+LIBRARY = _int("METAGRAPH_LIBRARY", 0)

@@ -14,6 +14,7 @@ import jinja2
 import numpy as np
 
 from metagraph import flags
+from metagraph.codegen import library
 from metagraph.codegen.interpreter import NumpyBackend
 from metagraph.compiler import ir
 from metagraph.compiler.graph import pending_graph
@@ -124,16 +125,19 @@ class CompiledBackend:
 
     def realize(self, outputs):
         graph = pending_graph(outputs)
-        entry = self.schedules.get(graph.key)
+        key = (graph.key, flags.LIBRARY)
+        entry = self.schedules.get(key)
         if entry is None:
-            steps = schedule(graph, self.renders)
+            steps = schedule(graph, self.renders, library=bool(flags.LIBRARY))
             if flags.DEBUG >= 3:
                 print("metagraph: new schedule\n" + "\n".join(
                     f"  {k}: {n.op} {n.shape} {n.dtype.name} <- "
                     f"{[graph.position[i.id] for i in n.inputs]}" for k, n in enumerate(graph.nodes)),
                     file=sys.stderr)
             try:
-                functions, sources = self.load([step.kernel for step in steps])
+                compiled = zip(*self.load([step.kernel for step in steps if step.library is None]))
+                functions, sources = zip(*[library.launcher(step.library) if step.library else next(compiled)
+                                           for step in steps]) if steps else ((), ())
             except MetagraphError as error:
                 lines = sorted({at(graph.nodes[step.positions[0]].location) for step in steps})
                 raise type(error)(f"{error}\n(compiling the kernels for values created at "
@@ -141,7 +145,7 @@ class CompiledBackend:
             entry = (steps, functions, sources)
             if len(self.schedules) >= SCHEDULE_CACHE_SIZE:
                 self.schedules.pop(next(iter(self.schedules)))
-            self.schedules[graph.key] = entry
+            self.schedules[key] = entry
         buffers = executor.run(graph, *entry, oracle=check_against_oracle if flags.CHECK else None)
         # Values that autograd keeps anyway keep their buffers too, so that reading the loss after
         # optimizer.step() (or a gradient after the loss) does not compute the forward pass again.
@@ -167,5 +171,5 @@ def check_against_oracle(graph, step, buffers, source):
         same = got == want
     if not np.all(same):
         worst = np.argwhere(~same)[0]
-        raise MetagraphError(f"METAGRAPH_CHECK: kernel {step.kernel.name} gives {got[tuple(worst)]} at "
+        raise MetagraphError(f"METAGRAPH_CHECK: kernel {step.name} gives {got[tuple(worst)]} at "
                              f"{tuple(worst)}, the numpy oracle {want[tuple(worst)]}; source:\n{source}")

@@ -9,7 +9,7 @@ import hashlib
 from dataclasses import dataclass
 
 from metagraph import dtypes
-from metagraph.compiler import decompose, ir
+from metagraph.compiler import contraction, decompose, ir
 from metagraph.compiler.fusion import materialised
 from metagraph.compiler.simplify import simplify, substitute
 from metagraph.errors import IndexOutOfRange, MetagraphError
@@ -21,10 +21,16 @@ ROW_MIN, ROW_MAX = 8, 1024   # output rows this long are accumulated whole, thei
 
 @dataclass
 class Step:
-    """One kernel launch: its IR and which graph positions its parameters are."""
+    """One kernel launch: its IR (or a library contraction) and which graph positions its
+    parameters are."""
     kernel: ir.Kernel
     positions: list      # graph position of each kernel parameter (outputs first)
     sites: list          # (error class, message, graph position of the node) per run-time check
+    library: object = None   # a contraction.LibraryContraction computed by a library instead
+
+    @property
+    def name(self):
+        return self.library.name if self.library is not None else self.kernel.name
 
 
 class _Refuse(Exception):
@@ -34,21 +40,30 @@ class _Refuse(Exception):
         self.position = position
 
 
-def schedule(graph, renders=None):
+def schedule(graph, renders=None, library=False):
     """The kernel launches that compute graph's outputs, in order (`renders`: the table ops the
-    backend renders, None for all; the others are decomposed)."""
+    backend renders, None for all; the others are decomposed; `library`: contractions go to a
+    library, see contraction.py)."""
     chosen, unfusable = materialised(graph), set()
     while True:
         try:
-            return _steps(graph, chosen, unfusable, renders)
+            return _steps(graph, chosen, unfusable, renders, library)
         except _Refuse as refused:
             (unfusable if refused.position in chosen else chosen).add(refused.position)
 
 
-def _steps(graph, chosen, unfusable, renders):
+def _steps(graph, chosen, unfusable, renders, library):
+    contractions = {}
+    for k in sorted(chosen) if library else ():
+        try:
+            found = contraction.find(graph, chosen, k)
+        except contraction.NotMaterialised as missing:
+            raise _Refuse(missing.position) from None
+        if found is not None:
+            contractions[k] = found
     readers = _readers(graph, chosen)
     fused = {}
-    for k in sorted(chosen - unfusable):
+    for k in sorted(chosen - unfusable - set(contractions)):
         node = graph.nodes[k]
         if node.op == "reduce" and k not in graph.outputs and len(readers.get(k, ())) == 1:
             (reader,) = readers[k]
@@ -57,6 +72,10 @@ def _steps(graph, chosen, unfusable, renders):
     steps = []
     for k in sorted(chosen):
         if k in fused:
+            continue
+        if k in contractions:
+            spec, operands = contractions[k]
+            steps.append(Step(None, [k] + operands, [], spec))
             continue
         epilogue_reduce = [r for r, reader in fused.items() if reader == k]
         if len(epilogue_reduce) > 1:          # at most one reduction per kernel

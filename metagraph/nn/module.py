@@ -4,6 +4,7 @@ from collections import OrderedDict
 import numpy as np
 
 from metagraph import backend, dtypes
+from metagraph.creation import tensor
 from metagraph.errors import MetagraphError, ShapeError
 from metagraph.tensor import Tensor
 
@@ -22,7 +23,9 @@ class Parameter(Tensor):
     __slots__ = ()
 
     def __init__(self, data, requires_grad=True):
-        super().__init__(data.node if isinstance(data, Tensor) else data)
+        if not isinstance(data, Tensor):        # an array or nested lists, as mg.tensor takes
+            data = tensor(data)
+        super().__init__(data.node)
         realize_on_host(self)
         self.requires_grad_(requires_grad and self.dtype.is_float)
 

@@ -25,9 +25,9 @@ def run(graph, steps, functions, sources, oracle=None):
         elapsed = time.perf_counter() - start
         if report is not None:
             report.allocate(out.nbytes)
-            report.kernel(step.kernel.name, source, elapsed)
+            report.kernel(step.name, source, elapsed)
         if flags.DEBUG:
-            print(f"metagraph: {step.kernel.name} {elapsed * 1e6:.0f} us", file=sys.stderr)
+            print(f"metagraph: {step.name} {elapsed * 1e6:.0f} us", file=sys.stderr)
         if error[0]:
             _raise(graph, step, int(error[0]))
         if oracle is not None:
@@ -41,7 +41,7 @@ def run(graph, steps, functions, sources, oracle=None):
 
 def _raise(graph, step, site):
     if site < 0 or site > len(step.sites):
-        raise MetagraphError(f"kernel {step.kernel.name}: an index expression divided by zero")
+        raise MetagraphError(f"kernel {step.name}: an index expression divided by zero")
     kind, message, position = step.sites[site - 1]
     where = at(graph.nodes[position].location)
-    raise kind(f"{message} (node created at {where}; kernel {step.kernel.name})")
+    raise kind(f"{message} (node created at {where}; kernel {step.name})")
