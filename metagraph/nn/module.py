@@ -4,7 +4,7 @@ from collections import OrderedDict
 import numpy as np
 
 from metagraph import backend, dtypes
-from metagraph.creation import tensor
+from metagraph.creation import tensor as as_tensor
 from metagraph.errors import MetagraphError, ShapeError
 from metagraph.tensor import Tensor
 
@@ -24,7 +24,7 @@ class Parameter(Tensor):
 
     def __init__(self, data, requires_grad=True):
         if not isinstance(data, Tensor):        # an array or nested lists, as mg.tensor takes
-            data = tensor(data)
+            data = as_tensor(data)
         super().__init__(data.node)
         realize_on_host(self)
         self.requires_grad_(requires_grad and self.dtype.is_float)
