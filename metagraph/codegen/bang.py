@@ -61,14 +61,6 @@ def _is_relu(value):
         isinstance(zero, ir.Scalar) and zero.value == 0 and x.dtype != dtypes.bool_
 
 
-def _redundant_guard(value):
-    """A guard that fills 0 where its load already reads 0 (a padded read)."""
-    inner = getattr(value, "value", None)
-    return isinstance(value, ir.Guard) and value.check is None and value.fill == 0 and \
-        isinstance(inner, ir.Load) and inner.valid is not None and \
-        set(_conjuncts(value.cond)) <= set(_conjuncts(inner.valid))
-
-
 def _conjuncts(cond):
     if isinstance(cond, Binary) and cond.op == "&&":
         return _conjuncts(cond.a) + _conjuncts(cond.b)
@@ -204,8 +196,6 @@ class Renderer(c.Renderer):
     def lanes(self, value, names):
         """A value along the tile: an NRAM buffer name (or a uniform scalar's C expression, with
         is_buffer False)."""
-        if _redundant_guard(value):
-            value = value.value
         if not self.varies(value):
             return self.uniform(value, names), False
         if id(value) in names:

@@ -23,6 +23,7 @@ CTYPE = {"bool": "uint8_t", "uint8": "uint8_t", "int8": "int8_t", "int16": "int1
          "int64": "int64_t", "float16": "_Float16", "float32": "float", "float64": "double"}
 
 MATH = {"sqrt": "sqrt", "exp2": "exp2", "log2": "log2", "sin": "sin"}
+FMA = {dtypes.float32: "fmaf", dtypes.float64: "fma"}
 BINARY = {"add": "({0} + {1})", "mul": "({0} * {1})", "cmplt": "({0} < {1})", "cmpne": "({0} != {1})",
           "and": "({0} & {1})", "or": "({0} | {1})", "xor": "({0} ^ {1})"}
 BOOL_BINARY = {"add": "({0} | {1})", "mul": "({0} & {1})"}
@@ -171,8 +172,16 @@ class Renderer:
                     lines.append(f"uint8_t {s.name}_nan = 0;")
             self.accumulators[s.name] = s
         elif isinstance(s, ir.Accumulate) and s.index is not None:
-            v = self.value(s.value, lines, names)
-            lines.append(self.combine(f"{s.name}[{self.index(s.index)}]", s.op, v, s.value.dtype))
+            target = f"{s.name}[{self.index(s.index)}]"
+            product = s.value
+            if s.op == "add" and isinstance(product, ir.Apply) and product.op == "mul" and \
+                    product.dtype in FMA and product.dtype == self.accumulators[s.name].dtype:
+                # a product accumulated: one fused multiply-add, in every kernel that computes it
+                a, b = (self.value(arg, lines, names) for arg in product.args)
+                lines.append(f"{target} = {FMA[product.dtype]}({a}, {b}, {target});")
+            else:
+                v = self.value(s.value, lines, names)
+                lines.append(self.combine(target, s.op, v, s.value.dtype))
         elif isinstance(s, ir.Accumulate):
             v = self.value(s.value, lines, names)
             if s.op == "max" and self.accumulators[s.name].dtype.is_float:

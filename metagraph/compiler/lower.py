@@ -234,6 +234,8 @@ class _Lowering:
         inner = self.value(source, mapped, _and(valid, inside))
         if inside is None:
             return inner
+        if not node.attrs["checked"] and node.attrs["fill"] == 0 and isinstance(inner, ir.Load):
+            return inner        # the load reads nothing and gives 0 wherever the index is outside
         check = self.site(IndexOutOfRange, f"index out of bounds for shape {source.shape}", node) \
             if node.attrs["checked"] else None
         return ir.Guard(inside, inner, node.attrs["fill"], valid, check)

@@ -1,4 +1,4 @@
-void r_2x4x6x6_8041ec27(char **restrict args, int64_t *restrict err) {
+void r_2x4x6x6_490ad996(char **restrict args, int64_t *restrict err) {
     float *restrict p0 = (float *)args[0];
     const float *restrict p1 = (const float *)args[1];
     const float *restrict p2 = (const float *)args[2];
@@ -14,10 +14,8 @@ void r_2x4x6x6_8041ec27(char **restrict args, int64_t *restrict err) {
                             #pragma omp simd
                             for (int64_t i3 = 0; i3 < 6; i3++) {
                                 float t0 = ((((0 <= ((i2 + i5) - 1)) && (((i2 + i5) - 1) < 6)) && ((0 <= ((i3 + i6) - 1)) && (((i3 + i6) - 1) < 6))) ? p1[(((((((i0 * 108) + (i2 * 6)) + i3) + (i4 * 36)) + (i5 * 6)) + i6) - 7)] : 0);
-                                float t1 = ((((0 <= ((i2 + i5) - 1)) && (((i2 + i5) - 1) < 6)) && ((0 <= ((i3 + i6) - 1)) && (((i3 + i6) - 1) < 6))) ? t0 : ((float)0.0));
-                                float t2 = p2[((((i1 * 27) + (i4 * 9)) + (i5 * 3)) + i6)];
-                                float t3 = (t1 * t2);
-                                acc[(((i1 * 36) + (i2 * 6)) + i3)] += t3;
+                                float t1 = p2[((((i1 * 27) + (i4 * 9)) + (i5 * 3)) + i6)];
+                                acc[(((i1 * 36) + (i2 * 6)) + i3)] = fmaf(t0, t1, acc[(((i1 * 36) + (i2 * 6)) + i3)]);
                             }
                         }
                     }
@@ -28,11 +26,11 @@ void r_2x4x6x6_8041ec27(char **restrict args, int64_t *restrict err) {
             for (int64_t i2 = 0; i2 < 6; i2++) {
                 #pragma omp simd
                 for (int64_t i3 = 0; i3 < 6; i3++) {
-                    float t4 = p3[i1];
-                    float t5 = (acc[(((i1 * 36) + (i2 * 6)) + i3)] + t4);
-                    uint8_t t6 = (((float)0.0) < t5);
-                    float t7 = (t6 ? t5 : ((float)0.0));
-                    p0[((((i0 * 144) + (i1 * 36)) + (i2 * 6)) + i3)] = t7;
+                    float t2 = p3[i1];
+                    float t3 = (acc[(((i1 * 36) + (i2 * 6)) + i3)] + t2);
+                    uint8_t t4 = (((float)0.0) < t3);
+                    float t5 = (t4 ? t3 : ((float)0.0));
+                    p0[((((i0 * 144) + (i1 * 36)) + (i2 * 6)) + i3)] = t5;
                 }
             }
         }

@@ -10,8 +10,7 @@ void r_4x9_b0ab1a26(char **restrict args, int64_t *restrict err) {
             for (int64_t i1 = 0; i1 < 9; i1++) {
                 float t0 = p1[((i0 * 6) + i2)];
                 float t1 = p2[(i1 + (i2 * 9))];
-                float t2 = (t0 * t1);
-                acc[i1] += t2;
+                acc[i1] = fmaf(t0, t1, acc[i1]);
             }
         }
         #pragma omp simd
