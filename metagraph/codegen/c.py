@@ -152,13 +152,16 @@ class Renderer:
             return BOOL_BINARY[op].format(*args)
         return BINARY[op].format(*args)
 
-    def statement(self, s):
-        """A statement as a dict the template understands."""
+    def statement(self, s, names=None):
+        """A statement as a dict the template understands (`names`: values already computed by
+        earlier statements of the same loop body)."""
         if isinstance(s, ir.Loop):
             pragma, after = self.pragma(s)
+            # register-blocked accumulations share their operands: one set of names for the body
+            shared = {} if all(isinstance(b, ir.Accumulate) and b.index is not None for b in s.body) else None
             return {"kind": "loop", "var": s.var, "extent": s.extent, "pragma": pragma, "after": after,
-                    "body": [self.statement(b) for b in s.body]}
-        lines, names = [], {}
+                    "body": [self.statement(b, shared) for b in s.body]}
+        lines, names = [], {} if names is None else names
         if isinstance(s, ir.Define):
             acc_type = CTYPE[s.dtype.name]
             if s.size is not None:
