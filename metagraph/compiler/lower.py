@@ -331,24 +331,29 @@ class _Lowering:
         in ROW_MAX elements, at least ROW_MIN) in a local array, with the block's loops innermost:
         a matmul runs i-k-j, a convolution runs along its output rows, and both read memory
         contiguously in the vectorised loop."""
-        outer = list(range(node.ndim))
+        outer, extent = list(range(node.ndim)), self.extents
         if self.reduce_parts is None:
             body = [store]
         else:
             acc_dtype, init, op, loops, value = self.reduce_parts
+            if loops and node.ndim and node.shape[-1] > ROW_MAX and _contiguous(value, node.ndim - 1):
+                split = self.split_row(node, value, store)
+                if split is not None:
+                    value, store, row = split
+                    outer.append(row)
             block, size = [], 1
             for d in reversed(outer):
-                if size * node.shape[d] > ROW_MAX or (d == 0 and node.ndim > 1):   # keep a parallel loop
+                if size * extent[d] > ROW_MAX or (d == 0 and len(outer) > 1):   # keep a parallel loop
                     break
                 block.insert(0, d)
-                size *= node.shape[d]
-            inner = next((d for d in reversed(block) if node.shape[d] > 1), None)
+                size *= extent[d]
+            inner = next((d for d in reversed(block) if extent[d] > 1), None)
             if loops and size >= ROW_MIN and inner is not None and _contiguous(value, inner):
                 offset = Const(0)
                 for d in block:
-                    offset = offset * node.shape[d] + Var(d)
+                    offset = offset * extent[d] + Var(d)
                 outer = outer[:len(outer) - len(block)]
-                blocking = _register_block(node.shape, value, outer, inner, size)
+                blocking = _register_block(extent, value, outer, inner, size)
                 if blocking is None:
                     self.accumulator.index = simplify(offset, self.extents)
                     accumulate = [ir.Accumulate("acc", op, value, self.accumulator.index)]
@@ -358,8 +363,8 @@ class _Lowering:
                     accumulate, stores, size = blocking[3:]
                 for d in reversed(block):
                     kind = ir.VECTOR if d == inner else ir.SERIAL
-                    accumulate = [ir.Loop(d, node.shape[d], kind, accumulate)]
-                    stores = [ir.Loop(d, node.shape[d], kind, stores)]
+                    accumulate = [ir.Loop(d, extent[d], kind, accumulate)]
+                    stores = [ir.Loop(d, extent[d], kind, stores)]
                 if blocking is not None:
                     stores = [ir.Loop(blocking[2], blocking[1], ir.SERIAL, stores)]
                 for loop_var, loop_extent in reversed(loops):
@@ -371,8 +376,23 @@ class _Lowering:
                     body = [ir.Loop(loop_var, loop_extent, ir.REDUCE, body)]
                 body = [ir.Define("acc", acc_dtype, init, op)] + body + [store]
         for d in reversed(outer):
-            body = [ir.Loop(d, self.extents.get(d, node.shape[d]), ir.PARALLEL if d == 0 else ir.SERIAL, body)]
+            body = [ir.Loop(d, extent[d], ir.PARALLEL if d == 0 else ir.SERIAL, body)]
         return body
+
+    def split_row(self, node, value, store):
+        """An output row longer than ROW_MAX as tiles of up to ROW_MAX elements (a divisor of its
+        length, at least 64): (value, store, tile variable) with the last dimension counting
+        tiles, or None when no such divisor exists."""
+        last, length = node.ndim - 1, node.shape[-1]
+        tile = next((t for t in range(ROW_MAX, 63, -1) if length % t == 0), None)
+        if tile is None:
+            return None
+        row = max(self.extents) + 1
+        self.extents[last], self.extents[row] = length // tile, tile
+        mapping = _Replace({last: Var(last) * tile + Var(row)})
+        store = ir.Store(store.param, simplify(substitute(store.index, mapping), self.extents),
+                         self.substituted(store.value, mapping))
+        return self.substituted(value, mapping), store, row
 
     def register_blocked(self, node, blocking, offset, size, op, value, store):
         """Accumulate `rows` consecutive values of output dimension d at once: d's loop counts
@@ -381,7 +401,7 @@ class _Lowering:
         (d, rows, row variable, accumulations, stores, accumulator size)."""
         d, rows = blocking
         r = max(self.extents) + 1
-        self.extents[d], self.extents[r] = node.shape[d] // rows, rows
+        self.extents[d], self.extents[r] = self.extents[d] // rows, rows
         block_var = Var(d) * rows + Var(r)
         accumulate = []
         for row in range(rows):

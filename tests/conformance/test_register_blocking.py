@@ -68,3 +68,27 @@ def test_blocked_conv_gradients_match_the_oracle(backend):
     x.requires_grad_(True), w.requires_grad_(True)
     gx, gw = mg.grad((F.conv2d(x, w, padding=1) ** 2).sum(), [x, w])
     against_oracle(backend, [gx.node, gw.node])
+
+
+WIDE = {   # output rows longer than ROW_MAX: tiles of a divisor of the row (or, for a prime, none)
+    "2048 columns": lambda: _data(16, 9) @ _data(9, 2048),
+    "1100 columns (tiles of 550)": lambda: _data(3, 4) @ _data(4, 1100),
+    "1031 columns (prime)": lambda: _data(2, 3) @ _data(3, 1031),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WIDE))
+def test_wide_rows_are_tiled_where_a_divisor_allows(name):
+    out = WIDE[name]()
+    kernel = schedule(pending_graph([out.node]))[0].kernel
+    loop = _vector_loop(kernel.body)
+    if "prime" in name:
+        assert loop is None          # a dot product per element, as before
+    else:
+        assert loop.extent <= 1024 and out.shape[-1] % loop.extent == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+@pytest.mark.parametrize("name", sorted(WIDE))
+def test_wide_rows_match_the_oracle(backend, name):
+    against_oracle(backend, [WIDE[name]().node])
