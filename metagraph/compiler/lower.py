@@ -127,11 +127,15 @@ def _loads(value):
     return [load for arg in getattr(value, "args", ()) for load in _loads(arg)]
 
 
+STRIDE_MAX = 2     # the vectorised loop of a row block may read with this stride (strided convs)
+
+
 def _contiguous(value, var):
-    """Whether every load's address moves by 0 or 1 element per step of loop variable `var`."""
+    """Whether every load's address moves by a small constant stride (0 to STRIDE_MAX elements)
+    per step of loop variable `var`."""
     for load in _loads(value):
         terms, _ = linear_terms(load.index)
-        if any(var in variables(term) and (not isinstance(term, Var) or coef not in (0, 1))
+        if any(var in variables(term) and (not isinstance(term, Var) or not 0 <= coef <= STRIDE_MAX)
                for term, coef in terms.items()):
             return False
     return True
