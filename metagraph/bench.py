@@ -273,7 +273,8 @@ def compare_backends(repeat, json_path):
         if "c" in row["ms"]:
             row["ratio_to_c"] = {name: row["ms"]["c"] / ms for name, ms in row["ms"].items()}
         rows.append(row)
-        cells = "  ".join(f"{name} {ms:8.2f}" + (f" ({row['ratio_to_c'][name]:.2f})" if "ratio_to_c" in row else "")
+        ratios = row.get("ratio_to_c", {})
+        cells = "  ".join(f"{name} {ms:8.2f}" + (f" ({ratios[name]:.2f})" if ratios else "")
                           for name, ms in row["ms"].items())
         print(f"{key:<5} {title:<40} {cells}", flush=True)
     with open(json_path, "w") as stream:

@@ -282,11 +282,13 @@ class Renderer(c.Renderer):
         op, dtype = value.op, value.dtype
         source = value.args[0].dtype
         if op == "where" and _is_relu(value):
-            self.emit(f"__bang_active_relu({out}, {self.spread(self.lanes(value.args[1], names), dtype)}, lanes);")
+            x = self.spread(self.lanes(value.args[1], names), dtype)
+            self.emit(f"__bang_active_relu({out}, {x}, lanes);")
             return
         operands = [self.lanes(arg, names) for arg in value.args]
         if op == "cast":
-            self.emit(f"__bang_{NAME[source.name]}2{NAME[dtype.name]}({out}, {self.spread(operands[0], source)}, lanes);")
+            x = self.spread(operands[0], source)
+            self.emit(f"__bang_{NAME[source.name]}2{NAME[dtype.name]}({out}, {x}, lanes);")
         elif op in UNARY:
             self.emit(f"{UNARY[op]}({out}, {operands[0][0]}, lanes);")
         elif op == "where":
@@ -395,8 +397,8 @@ class Renderer(c.Renderer):
         if coef == 1:
             self.emit(f"__memcpy({target}, {buffer}, lanes * sizeof({ctype}), NRAM2GDRAM);")
         elif coef is not None and coef != 0:
-            self.emit(f"__memcpy({target}, {buffer}, sizeof({ctype}), NRAM2GDRAM, {coef} * (int64_t)sizeof({ctype}), "
-                      f"sizeof({ctype}), lanes - 1);")
+            self.emit(f"__memcpy({target}, {buffer}, sizeof({ctype}), NRAM2GDRAM, "
+                      f"{coef} * (int64_t)sizeof({ctype}), sizeof({ctype}), lanes - 1);")
         else:
             offsets = self.buffer(None, stem="offsets")
             self.lane_loop([f"{offsets}[lane] = {self.at(s.index)};"])
@@ -410,7 +412,7 @@ class Renderer(c.Renderer):
             self.emit(f"{buffer}[0] = {value};")
         else:
             buffer = self.spread(self.lanes(s.value, names), param.dtype)
-        offsets = self.buffer(None, stem="offsets") if self.var is not None else self.buffer(None, 1, "offsets")
+        offsets = self.buffer(None, None if self.var is not None else 1, "offsets")
         at = self.at(s.index)
         if s.valid is None:
             line = f"{offsets}[lane] = {at};"
@@ -492,7 +494,8 @@ def render(kernels, capacity=None, vector_math=False):
         renderer = Renderer(kernel)
         lines = renderer.body()
         tile = renderer.tile(capacity)
-        nram_bytes = sum(_size(ctype) * (size if size is not None else tile) for ctype, _, size in renderer.nram)
+        nram_bytes = sum(_size(ctype) * (size if size is not None else tile)
+                         for ctype, _, size in renderer.nram)
         views.append({"name": kernel.name, "lines": lines, "tile": tile, "nram": renderer.nram,
                       "nram_bytes": nram_bytes,
                       "params": [{"ctype": CTYPE[p.dtype.name], "output": p.output} for p in kernel.params]})

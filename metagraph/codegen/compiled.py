@@ -26,8 +26,9 @@ SCHEDULE_CACHE_SIZE = 4096
 PARALLEL_WORK = 1 << 15     # loop nests with less work than this run on one thread
 
 
-_TEMPLATES = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(os.path.dirname(__file__), "templates")),
-                                keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(os.path.join(os.path.dirname(__file__), "templates")),
+    keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
 
 
 def template(name):

@@ -143,7 +143,8 @@ class Renderer:
         if op in ("&&", "||"):
             a = self.as_bool(expr.a)
             if _pure(expr.b):
-                return self.instruction(f"{'and' if op == '&&' else 'or'} i1 {a}, {self.as_bool(expr.b)}"), "i1"
+                b = self.as_bool(expr.b)
+                return self.instruction(f"{'and' if op == '&&' else 'or'} i1 {a}, {b}"), "i1"
             rest = lambda: self.as_bool(expr.b)        # noqa: E731 (short-circuit: b only when needed)
             if op == "&&":
                 return self.branch(a, rest, lambda: "false", "i1"), "i1"
@@ -186,7 +187,8 @@ class Renderer:
         if isinstance(value, ir.Scalar):
             return constant(value.value, value.dtype)
         if isinstance(value, ir.Ref):
-            result = self.instruction(f"load {LTYPE[value.dtype.name]}, ptr {self.slot(value.name, value.index)}")
+            address = self.slot(value.name, value.index)
+            result = self.instruction(f"load {LTYPE[value.dtype.name]}, ptr {address}")
         elif isinstance(value, ir.IndexValue):
             result = self.convert(self.as_int(value.expr), dtypes.int64, value.dtype, truncate_bool=True)
         elif isinstance(value, ir.Load):
@@ -269,7 +271,8 @@ class Renderer:
             test = f"fcmp une {s} {x}, 0.0" if source.is_float else f"icmp ne {s} {x}, 0"
             return self.instruction(f"zext i1 {self.instruction(test)} to i8")
         if source.is_float and target.is_float:
-            return self.instruction(f"{'fpext' if target.itemsize > source.itemsize else 'fptrunc'} {s} {x} to {t}")
+            change = "fpext" if target.itemsize > source.itemsize else "fptrunc"
+            return self.instruction(f"{change} {s} {x} to {t}")
         if source.is_float:      # x86's conversion: through int32 for the narrow types
             if target.itemsize < 4:
                 wide = self.instruction(f"fptosi {s} {x} to i32")

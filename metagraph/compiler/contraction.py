@@ -72,5 +72,6 @@ def find(graph, chosen, k):
     output = "".join(LETTERS[d] for d in kept if LETTERS[d] in used)
     output_shape = tuple(space[d] for d in kept if LETTERS[d] in used)
     subscripts = f"{operands[0]},{operands[1]}->{output}"
-    name = "lib_" + "x".join(map(str, node.shape or ("scalar",))) + "_" + subscripts.replace(",", "_").replace("->", "_")
+    shape = "x".join(map(str, node.shape)) or "scalar"
+    name = f"lib_{shape}_" + subscripts.replace(",", "_").replace("->", "_")
     return LibraryContraction(name, subscripts, shapes, output_shape), positions

@@ -44,7 +44,8 @@ def _vector_loop(statements):
 def test_blocked_rows_share_one_read(name):
     make, rows = CASES[name]
     out = make()
-    kernel = next(step.kernel for step in schedule(pending_graph([out.node])) if step.kernel.name.startswith("r_"))
+    steps = schedule(pending_graph([out.node]))
+    kernel = next(step.kernel for step in steps if step.kernel.name.startswith("r_"))
     loop = _vector_loop(kernel.body)
     accumulations = [s for s in loop.body if isinstance(s, ir.Accumulate)]
     assert len(accumulations) == rows

@@ -43,7 +43,8 @@ def test_row_gradient(backend, name, dtype):
     if not out.requires_grad:
         pytest.skip("integer row")
     projection = mg.tensor(np.random.default_rng(1).standard_normal(out.shape).astype(dtype)).node
-    loss = apply("reduce", apply("mul", out, projection), op="add", axes=tuple(range(out.ndim)), keepdim=False)
+    loss = apply("reduce", apply("mul", out, projection), op="add", axes=tuple(range(out.ndim)),
+                 keepdim=False)
     seed = mg.ones((), dtype=loss.dtype).node
     grads = gradients([loss], [seed])
     against_oracle(backend, [grads[t.node.id] for t in tensors if t.requires_grad])
