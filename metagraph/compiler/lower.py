@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from metagraph import dtypes
 from metagraph.compiler import contraction, decompose, ir
 from metagraph.compiler.fusion import materialised
-from metagraph.compiler.simplify import simplify, substitute
+from metagraph.compiler.simplify import simplify, substitute, value_range
 from metagraph.errors import IndexOutOfRange, MetagraphError
 from metagraph.expr import Binary, Const, Extra, Var, linear_terms, variables
 
@@ -312,7 +312,10 @@ class _Lowering:
     def kernel(self):
         node = self.graph.nodes[self.root]
         out = self.param(self.root, output=True)
-        if node.op == "reindex_reduce":
+        gathered = self.gathered(node, out) if node.op == "reindex_reduce" else None
+        if gathered is not None:
+            body, kind = gathered, "g"
+        elif node.op == "reindex_reduce":
             body, kind = self.scatter(node, out), "s"
         else:
             for d, size in enumerate(node.shape):
@@ -446,6 +449,76 @@ class _Lowering:
                 out = ir.Ref(v.name, v.dtype, index(v.index))
             memo[id(v)] = out
             return out
+        return walk(value)
+
+    def gathered(self, node, out):
+        """A scatter-add whose map can be solved for its source: the same sum as a reduction over
+        each output element's sources (a stride-1 convolution's input gradient is then a
+        convolution, register-blocked like the forward one). None when the map does not solve:
+        every output index must be a sum of source variables with a coefficient +-1 on the
+        longest one, which no other index uses; gathers from index tensors and checked maps stay
+        scatters. The reduction runs over the source variables the output does not determine."""
+        x = node.inputs[0]
+        if node.attrs["op"] != "add" or node.attrs["checked"] or len(node.inputs) > 1 or not x.ndim:
+            return None
+        solved, used = {}, set()
+        for t, expr in enumerate(node.attrs["index_map"]):
+            terms, const = linear_terms(expr)
+            if any(not isinstance(term, Var) for term in terms):
+                return None
+            coefficients = {term.axis: c for term, c in terms.items()}
+            if used & coefficients.keys() or (not coefficients and node.shape[t] != 1):
+                return None
+            used |= coefficients.keys()
+            if not coefficients:
+                continue
+            pick = max(coefficients, key=lambda v: x.shape[v])
+            if abs(coefficients[pick]) != 1:
+                return None
+            solved[pick] = (t, coefficients, const)
+        free = [v for v in range(x.ndim) if v not in solved]
+        renamed = _Replace({v: Var(node.ndim + j) for j, v in enumerate(free)})
+        self.extents = {d: size for d, size in enumerate(node.shape)}
+        self.extents.update({node.ndim + j: x.shape[v] for j, v in enumerate(free)})
+        source, valid = [None] * x.ndim, None
+        for v in range(x.ndim):
+            if v not in solved:
+                source[v] = renamed[v]
+                continue
+            t, coefficients, const = solved[v]
+            rest = Const(const)
+            for u, c in coefficients.items():
+                if u != v:
+                    rest = rest + renamed[u] * c
+            source[v] = simplify((Var(t) - rest) * coefficients[v], self.extents)
+            inside = Binary("&&", Binary("<=", Const(0), source[v]), Binary("<", source[v], Const(x.shape[v])))
+            valid = _and(valid, simplify(inside, self.extents))
+        value = self.in_bounds_unguarded(self.value(x, tuple(source), valid))
+        if valid is not None and not isinstance(value, ir.Load):
+            value = ir.Guard(valid, value, 0)         # no contribution where no source maps here
+        acc_dtype = dtypes.float32 if node.dtype == dtypes.float16 else node.dtype
+        self.accumulator = ir.Ref("acc", acc_dtype)
+        loops = [(node.ndim + j, x.shape[v]) for j, v in enumerate(free)]
+        self.reduce_parts = (acc_dtype, 0, "add", loops, value)
+        result = self.accumulator if acc_dtype == node.dtype else ir.Apply("cast", (self.accumulator,), node.dtype)
+        outer = tuple(Var(d) for d in range(node.ndim))
+        return self.loop_nest(node, ir.Store(out, self.flat(node.shape, outer), result))
+
+    def in_bounds_unguarded(self, value):
+        """The value with the validity dropped from loads whose every address lies inside their
+        tensor (a conv weight read for an input gradient): they can be read unconditionally."""
+        def walk(v):
+            if isinstance(v, ir.Load) and v.valid is not None:
+                low, high = value_range(v.index, self.extents)
+                size = 1
+                for extent in self.params[v.param][1].shape:
+                    size *= extent
+                return ir.Load(v.param, v.index, v.dtype) if 0 <= low and high < size else v
+            if isinstance(v, ir.Apply):
+                return ir.Apply(v.op, tuple(walk(a) for a in v.args), v.dtype, v.site)
+            if isinstance(v, ir.Guard):
+                return ir.Guard(v.cond, walk(v.value), v.fill, v.valid, v.check)
+            return v
         return walk(value)
 
     def scatter(self, node, out):

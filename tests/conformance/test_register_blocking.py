@@ -95,3 +95,24 @@ def test_wide_rows_are_tiled_where_a_divisor_allows(name):
 @pytest.mark.parametrize("name", sorted(WIDE))
 def test_wide_rows_match_the_oracle(backend, name):
     against_oracle(backend, [WIDE[name]().node])
+
+
+def _input_gradient(stride, weight=None):
+    x = _data(2, 3, 11, 11).requires_grad_(True)
+    w = weight if weight is not None else _data(8, 3, 3, 3)
+    (gx,) = mg.grad((F.conv2d(x, w, stride=stride, padding=1) ** 2).sum(), [x])
+    return gx
+
+
+def test_a_stride_1_input_gradient_is_a_gather_and_stride_2_stays_a_scatter():
+    names = [s.kernel.name[0] for s in schedule(pending_graph([_input_gradient(1).node]))]
+    assert "g" in names and "s" not in names
+    names = [s.kernel.name[0] for s in schedule(pending_graph([_input_gradient(2).node]))]
+    assert "s" in names
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_gathered_input_gradients_match_the_oracle(backend):
+    weight = R.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    weight[2, 1, 0, 0] = np.inf       # a padded position contributes nothing, not 0 * inf
+    against_oracle(backend, [_input_gradient(1).node, _input_gradient(1, mg.tensor(weight)).node])
