@@ -9,7 +9,6 @@ import os
 import subprocess
 
 import cffi
-import numpy as np
 
 from metagraph import dtypes, flags
 from metagraph.codegen.compiled import CompileError, CompiledBackend, launcher, template, worth_threads
@@ -69,12 +68,7 @@ class Renderer:
         if isinstance(expr, Select):
             return f"({self.index(expr.cond)} ? {self.index(expr.a)} : {self.index(expr.b)})"
         if isinstance(expr, Extra):
-            param = self.kernel.params[expr.index]
-            offset = Const(0)
-            strides = np.cumprod((1,) + tuple(reversed(param.shape[1:])))[::-1]
-            for arg, size, stride in zip(expr.args, param.shape, strides):
-                if size != 1:
-                    offset = offset + arg * int(stride)
+            offset = ir.extra_offset(self.kernel.params[expr.index], expr.args)
             return f"((int64_t)p{expr.index}[{self.index(offset)}])"
         a, b = self.index(expr.a), self.index(expr.b)
         if expr.op in ("//", "%"):

@@ -132,12 +132,7 @@ class Renderer:
             return self.branch(cond, lambda: self.as_int(expr.a), lambda: self.as_int(expr.b), "i64"), "i64"
         if isinstance(expr, Extra):
             param = self.kernel.params[expr.index]
-            offset = Const(0)
-            strides = np.cumprod((1,) + tuple(reversed(param.shape[1:])))[::-1]
-            for arg, size, stride in zip(expr.args, param.shape, strides):
-                if size != 1:
-                    offset = offset + arg * int(stride)
-            value = self.load(expr.index, param.dtype, self.as_int(offset))
+            value = self.load(expr.index, param.dtype, self.as_int(ir.extra_offset(param, expr.args)))
             return self.convert(value, param.dtype, dtypes.int64), "i64"
         op = expr.op
         if op in ("&&", "||"):

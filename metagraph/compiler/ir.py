@@ -7,6 +7,8 @@ values computed are small trees of table ops. Backends only render this; every t
 from dataclasses import dataclass, field
 from typing import Optional
 
+from metagraph.expr import Const
+
 # ---- values --------------------------------------------------------------------------------
 
 
@@ -130,3 +132,13 @@ class Kernel:
     params: list
     body: list
     extents: dict = field(default_factory=dict)    # loop variable -> extent (for simplification)
+
+
+def extra_offset(param, args):
+    """The flat element offset, in row-major `param`, of an index-tensor read at `args`."""
+    offset, stride = Const(0), 1
+    for arg, size in reversed(list(zip(args, param.shape))):
+        if size != 1:
+            offset = offset + arg * stride
+        stride *= size
+    return offset
