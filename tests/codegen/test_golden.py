@@ -80,3 +80,10 @@ def test_bang_reduces_with_the_reduction_intrinsic_and_pads_by_interval():
     assert "__bang_reduce_sum(" in _sources(CASES["row_sum"](), backend="bang")
     conv = _sources(CASES["conv_bias_relu"](), backend="bang")
     assert "__bang_write_zero(" in conv and "const int64_t lo = " in conv and "__bang_active_relu(" in conv
+
+
+def test_bang_refuses_a_scratchpad_too_small_for_one_lane():
+    kernels = [step.kernel for step in schedule(pending_graph([_fused_chain().node]))]
+    with pytest.raises(mg.MetagraphError, match=r"bang: kernel e_64_\w+ needs \d+ bytes of NRAM .* is 16"):
+        bang.render(kernels, capacity=16)
+    assert "#define TILE 1\n" in bang.render(kernels, capacity=128)     # tiny, but it fits
