@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from metagraph import dtypes
 from metagraph.compiler import contraction, decompose, ir
 from metagraph.compiler.fusion import materialised
+from metagraph.compiler.nest import Nest, Replace
 from metagraph.compiler.simplify import simplify, substitute, value_range
 from metagraph.errors import IndexOutOfRange, MetagraphError
-from metagraph.expr import Binary, Const, Extra, Var, linear_terms, variables
+from metagraph.expr import Binary, Const, Extra, Var, linear_terms
 
 INDEX_BUDGET = 2000      # expression nodes an index may grow to before its source is materialised
-ROW_MIN, ROW_MAX = 8, 1024   # output rows this long are accumulated whole, their loop innermost
 
 
 @dataclass
@@ -116,62 +116,6 @@ def _and(a, b):
     if b is None or b == Const(1):
         return a
     return Binary("&&", a, b)
-
-
-def _loads(value):
-    """Every Load in a value tree."""
-    if isinstance(value, ir.Load):
-        return [value]
-    if isinstance(value, ir.Guard):
-        return _loads(value.value)
-    return [load for arg in getattr(value, "args", ()) for load in _loads(arg)]
-
-
-STRIDE_MAX = 2     # the vectorised loop of a row block may read with this stride (strided convs)
-
-
-def _contiguous(value, var):
-    """Whether every load's address moves by a small constant stride (0 to STRIDE_MAX elements)
-    per step of loop variable `var`."""
-    for load in _loads(value):
-        terms, _ = linear_terms(load.index)
-        if any(var in variables(term) and (not isinstance(term, Var) or not 0 <= coef <= STRIDE_MAX)
-               for term, coef in terms.items()):
-            return False
-    return True
-
-
-class _Replace(dict):
-    """A substitution for `substitute`: the variables it names, every other one unchanged."""
-
-    def __missing__(self, axis):
-        return Var(axis)
-
-
-ACC_MAX = 2048     # elements of a register-blocked accumulator (8 KiB of float32; 16 KiB measured slower)
-
-
-def _load_variables(load):
-    return variables(load.index) | (variables(load.valid) if load.valid is not None else set())
-
-
-def _register_block(shape, value, outer, inner, size):
-    """(d, rows) when output dimension d is worth blocking: some operand does not
-    depend on d (it is read once for all rows) and every operand that does is constant along the
-    vectorised loop (one scalar per row). The innermost such dimension; rows divides its extent."""
-    loads = _loads(value)
-    for d in reversed(outer):
-        dependent = [load for load in loads if d in _load_variables(load)]
-        if not dependent or len(dependent) == len(loads):
-            continue
-        if any(inner in _load_variables(load) for load in dependent):
-            continue
-        # the first dimension is the parallel loop: keep at least 8 blocks of it for the threads
-        rows = next((r for r in (8, 4, 2) if shape[d] % r == 0 and r * size <= ACC_MAX
-                     and (d != 0 or shape[d] // r >= 8)), None)
-        if rows is not None:
-            return d, rows
-    return None
 
 
 def _size(expr):
@@ -332,124 +276,8 @@ class _Lowering:
         return Step(kernel, positions, self.sites)
 
     def loop_nest(self, node, store):
-        """Loops over the output around `store`, with the reduction (if any) inside.
-
-        A reduction accumulates a whole block of its trailing output dimensions (as many as fit
-        in ROW_MAX elements, at least ROW_MIN) in a local array, with the block's loops innermost:
-        a matmul runs i-k-j, a convolution runs along its output rows, and both read memory
-        contiguously in the vectorised loop."""
-        outer, extent = list(range(node.ndim)), self.extents
-        if self.reduce_parts is None:
-            body = [store]
-        else:
-            acc_dtype, init, op, loops, value = self.reduce_parts
-            if loops and node.ndim and node.shape[-1] > ROW_MAX and _contiguous(value, node.ndim - 1):
-                split = self.split_row(node, value, store)
-                if split is not None:
-                    value, store, row = split
-                    outer.append(row)
-            block, size = [], 1
-            for d in reversed(outer):
-                if size * extent[d] > ROW_MAX or (d == 0 and len(outer) > 1):   # keep a parallel loop
-                    break
-                block.insert(0, d)
-                size *= extent[d]
-            inner = next((d for d in reversed(block) if extent[d] > 1), None)
-            if loops and size >= ROW_MIN and inner is not None and _contiguous(value, inner):
-                offset = Const(0)
-                for d in block:
-                    offset = offset * extent[d] + Var(d)
-                outer = outer[:len(outer) - len(block)]
-                blocking = _register_block(extent, value, outer, inner, size)
-                if blocking is None:
-                    self.accumulator.index = simplify(offset, self.extents)
-                    accumulate = [ir.Accumulate("acc", op, value, self.accumulator.index)]
-                    stores = [store]
-                else:
-                    blocking = self.register_blocked(node, blocking, offset, size, op, value, store)
-                    accumulate, stores, size = blocking[3:]
-                for d in reversed(block):
-                    kind = ir.VECTOR if d == inner else ir.SERIAL
-                    accumulate = [ir.Loop(d, extent[d], kind, accumulate)]
-                    stores = [ir.Loop(d, extent[d], kind, stores)]
-                if blocking is not None:
-                    stores = [ir.Loop(blocking[2], blocking[1], ir.SERIAL, stores)]
-                for loop_var, loop_extent in reversed(loops):
-                    accumulate = [ir.Loop(loop_var, loop_extent, ir.REDUCE, accumulate)]
-                body = [ir.Define("acc", acc_dtype, init, op, size)] + accumulate + stores
-            else:
-                body = [ir.Accumulate("acc", op, value)]
-                for loop_var, loop_extent in reversed(loops):
-                    body = [ir.Loop(loop_var, loop_extent, ir.REDUCE, body)]
-                body = [ir.Define("acc", acc_dtype, init, op)] + body + [store]
-        for d in reversed(outer):
-            body = [ir.Loop(d, extent[d], ir.PARALLEL if d == 0 else ir.SERIAL, body)]
-        return body
-
-    def split_row(self, node, value, store):
-        """An output row longer than ROW_MAX as tiles of up to ROW_MAX elements (a divisor of its
-        length, at least 64): (value, store, tile variable) with the last dimension counting
-        tiles, or None when no such divisor exists."""
-        last, length = node.ndim - 1, node.shape[-1]
-        tile = next((t for t in range(ROW_MAX, 63, -1) if length % t == 0), None)
-        if tile is None:
-            return None
-        row = max(self.extents) + 1
-        self.extents[last], self.extents[row] = length // tile, tile
-        mapping = _Replace({last: Var(last) * tile + Var(row)})
-        store = ir.Store(store.param, simplify(substitute(store.index, mapping), self.extents),
-                         self.substituted(store.value, mapping))
-        return self.substituted(value, mapping), store, row
-
-    def register_blocked(self, node, blocking, offset, size, op, value, store):
-        """Accumulate `rows` consecutive values of output dimension d at once: d's loop counts
-        blocks, and each step of the vectorised loop reads its shared operand once for `rows`
-        accumulations (unrolled), each with its own element of the other operand. Returns
-        (d, rows, row variable, accumulations, stores, accumulator size)."""
-        d, rows = blocking
-        r = max(self.extents) + 1
-        self.extents[d], self.extents[r] = self.extents[d] // rows, rows
-        block_var = Var(d) * rows + Var(r)
-        accumulate = []
-        for row in range(rows):
-            mapping = _Replace({d: Var(d) * rows + Const(row)})
-            index = simplify(Const(row * size) + offset, self.extents)
-            accumulate.append(ir.Accumulate("acc", op, self.substituted(value, mapping), index))
-        mapping = _Replace({d: block_var})
-        self.accumulator.index = simplify(Var(r) * size + offset, self.extents)
-        stores = [ir.Store(store.param, simplify(substitute(store.index, mapping), self.extents),
-                           self.substituted(store.value, mapping))]
-        return d, rows, r, accumulate, stores, rows * size
-
-    def substituted(self, value, mapping):
-        """A value tree with its index expressions' variables replaced (`mapping`)."""
-        def index(expr):
-            return None if expr is None else simplify(substitute(expr, mapping), self.extents)
-        memo = {}
-
-        def walk(v):
-            if id(v) in memo:
-                return memo[id(v)]
-            out = v         # values the mapping does not change stay the same objects (shared)
-            if isinstance(v, ir.Load):
-                if (index(v.index), index(v.valid)) != (v.index, v.valid):
-                    out = ir.Load(v.param, index(v.index), v.dtype, index(v.valid))
-            elif isinstance(v, ir.IndexValue):
-                if index(v.expr) != v.expr:
-                    out = ir.IndexValue(index(v.expr), v.dtype)
-            elif isinstance(v, ir.Guard):
-                parts = (index(v.cond), walk(v.value), index(v.valid))
-                if parts != (v.cond, v.value, v.valid):
-                    out = ir.Guard(parts[0], parts[1], v.fill, parts[2], v.check)
-            elif isinstance(v, ir.Apply):
-                args = tuple(walk(a) for a in v.args)
-                if any(a is not b for a, b in zip(args, v.args)):
-                    out = ir.Apply(v.op, args, v.dtype, v.site)
-            elif isinstance(v, ir.Ref) and v is not self.accumulator and v.index is not None:
-                out = ir.Ref(v.name, v.dtype, index(v.index))
-            memo[id(v)] = out
-            return out
-        return walk(value)
+        """Loops over the output around `store`, with the reduction (if any) inside (nest.py)."""
+        return Nest(self.extents, self.accumulator).loops(node, store, self.reduce_parts)
 
     def gathered(self, node, out):
         """A scatter-add whose map can be solved for its source: the same sum as a reduction over
@@ -477,7 +305,7 @@ class _Lowering:
                 return None
             solved[pick] = (t, coefficients, const)
         free = [v for v in range(x.ndim) if v not in solved]
-        renamed = _Replace({v: Var(node.ndim + j) for j, v in enumerate(free)})
+        renamed = Replace({v: Var(node.ndim + j) for j, v in enumerate(free)})
         self.extents = {d: size for d, size in enumerate(node.shape)}
         self.extents.update({node.ndim + j: x.shape[v] for j, v in enumerate(free)})
         source, valid = [None] * x.ndim, None
