@@ -17,6 +17,7 @@ import os
 
 from metagraph import dtypes, flags
 from metagraph.codegen import c
+from metagraph.codegen.bang_ops import BOOL_REDUCE, BOOL_VECTOR, REDUCE, SCATTER, VECTOR, VectorOps
 from metagraph.codegen.compiled import CompiledBackend, template, worth_threads
 from metagraph.compiler import ir
 from metagraph.errors import MetagraphError
@@ -25,19 +26,6 @@ from metagraph.runtime.cache import KernelCache
 
 CTYPE = c.CTYPE
 TILE_ALIGN = 64          # lanes per tile are a multiple of this (a 128- or 256-byte vector on chip)
-NAME = {"bool": "bool", "uint8": "uint8", "int8": "int8", "int16": "int16", "int32": "int32",
-        "int64": "int64", "float16": "half", "float32": "float", "float64": "double"}
-# the per-op table of vector intrinsics (operands and result are NRAM buffers of TILE lanes)
-VECTOR = {"add": "__bang_add", "mul": "__bang_mul", "max": "__bang_maxequal", "and": "__bang_band",
-          "or": "__bang_bor", "xor": "__bang_bxor", "cmplt": "__bang_lt", "cmpne": "__bang_ne"}
-BOOL_VECTOR = {"add": "__bang_bor", "mul": "__bang_band", "max": "__bang_bor"}
-WITH_SCALAR = {"add": "__bang_add_scalar", "mul": "__bang_mul_scalar", "max": "__bang_maxequal_scalar"}
-UNARY = {"neg": "__bang_neg", "recip": "__bang_active_recip", "sqrt": "__bang_active_sqrt",
-         "exp2": "__bang_active_exp2", "log2": "__bang_active_log2", "sin": "__bang_active_sin"}
-DIVIDE = {"idiv": "__bang_floordiv", "mod": "__bang_floormod"}
-REDUCE = {"add": "__bang_reduce_sum", "mul": "__bang_reduce_mul", "max": "__bang_reduce_max"}
-BOOL_REDUCE = {"add": "__bang_reduce_or", "mul": "__bang_reduce_and", "max": "__bang_reduce_or"}
-SCATTER = {"add": "__scatter_add", "max": "__scatter_max"}
 HEADER = os.path.join(os.path.dirname(__file__), "templates", "bang_host.h")
 
 
@@ -53,21 +41,13 @@ def _affine(expr, var):
     return coefficient
 
 
-def _is_relu(value):
-    """where(0 < x, x, 0): relu as the table composes it."""
-    test, x, zero = value.args
-    return isinstance(test, ir.Apply) and test.op == "cmplt" and test.args[1] is x and \
-        isinstance(test.args[0], ir.Scalar) and test.args[0].value == 0 and \
-        isinstance(zero, ir.Scalar) and zero.value == 0 and x.dtype != dtypes.bool_
-
-
 def _conjuncts(cond):
     if isinstance(cond, Binary) and cond.op == "&&":
         return _conjuncts(cond.a) + _conjuncts(cond.b)
     return [cond]
 
 
-class Renderer(c.Renderer):
+class Renderer(VectorOps, c.Renderer):
     """Renders one kernel's IR to BANG C; scalar math and index arithmetic come from the C renderer."""
 
     def __init__(self, kernel):
@@ -277,42 +257,6 @@ class Renderer(c.Renderer):
             outside = f"{self.at(value.valid)} && {outside}"
         fail = f" *err = {value.check};" if value.check else ""
         self.lane_loop([f"if ({outside}) {{ {out}[lane] = {fill};{fail} }}"])
-
-    def compute(self, value, out, names):
-        op, dtype = value.op, value.dtype
-        source = value.args[0].dtype
-        if op == "where" and _is_relu(value):
-            x = self.spread(self.lanes(value.args[1], names), dtype)
-            self.emit(f"__bang_active_relu({out}, {x}, lanes);")
-            return
-        operands = [self.lanes(arg, names) for arg in value.args]
-        if op == "cast":
-            x = self.spread(operands[0], source)
-            self.emit(f"__bang_{NAME[source.name]}2{NAME[dtype.name]}({out}, {x}, lanes);")
-        elif op in UNARY:
-            self.emit(f"{UNARY[op]}({out}, {operands[0][0]}, lanes);")
-        elif op == "where":
-            c_, a, b = (self.spread(o, arg.dtype) for o, arg in zip(operands, value.args))
-            self.emit(f"__bang_select({out}, {c_}, {a}, {b}, lanes);")
-        elif op in DIVIDE:
-            a, b = (self.spread(o, source) for o in operands)
-            self.emit(f"{DIVIDE[op]}({out}, {a}, {b}, lanes, err, {value.site});")
-        else:
-            (a, a_is_buffer), (b, b_is_buffer) = operands
-            if source != dtypes.bool_ and op in WITH_SCALAR and not (a_is_buffer and b_is_buffer):
-                vector, scalar = (a, b) if a_is_buffer else (b, a)
-                self.emit(f"{WITH_SCALAR[op]}({out}, {vector}, {scalar}, lanes);")
-                return
-            table = BOOL_VECTOR if source == dtypes.bool_ and op in BOOL_VECTOR else VECTOR
-            a, b = self.spread(operands[0], source), self.spread(operands[1], source)
-            self.emit(f"{table[op]}({out}, {a}, {b}, lanes);")
-
-    def converted(self, buffer, source, target):
-        if source is target:
-            return buffer
-        out = self.buffer(target)
-        self.emit(f"__bang_{NAME[source.name]}2{NAME[target.name]}({out}, {buffer}, lanes);")
-        return out
 
     # ---- statements --------------------------------------------------------------------------
     def statement(self, s):

@@ -9,55 +9,23 @@ because a launch then costs microseconds and the team is the same one the C back
 Without libgomp the body function runs the whole range on the calling thread.
 
 The template (`templates/llvm.j2`) holds the module's structure: helpers, entry points, the
-OpenMP trampolines. The tables below hold each op's instructions; `Renderer` walks the IR.
+OpenMP trampolines. `llvm_ops.py` holds each op's instructions; `Renderer` walks the IR.
 """
 import ctypes
 import ctypes.util
-import struct
 
 import cffi
-import numpy as np
 
 from metagraph import dtypes, flags
 from metagraph.codegen.compiled import CompileError, CompiledBackend, launcher, template, worth_threads
+from metagraph.codegen.llvm_ops import LTYPE, Ops, constant
 from metagraph.compiler import ir
 from metagraph.compiler.simplify import value_range
 from metagraph.expr import Binary, Const, Extra, Select, Var
 from metagraph.runtime.cache import KernelCache
 
-LTYPE = {"bool": "i8", "uint8": "i8", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
-         "float16": "half", "float32": "float", "float64": "double"}
-# the per-op table: (op, kind) -> instruction; kind is f (float), i (signed), u (unsigned), b (bool)
-BINARY = {("add", "f"): "fadd", ("mul", "f"): "fmul",
-          ("add", "i"): "add", ("mul", "i"): "mul", ("add", "u"): "add", ("mul", "u"): "mul",
-          ("add", "b"): "or", ("mul", "b"): "and"}
-BITWISE = {"and": "and", "or": "or", "xor": "xor"}
-COMPARE = {("cmplt", "f"): "fcmp olt", ("cmplt", "i"): "icmp slt", ("cmplt", "u"): "icmp ult",
-           ("cmplt", "b"): "icmp ult", ("cmpne", "f"): "fcmp une", ("cmpne", "i"): "icmp ne",
-           ("cmpne", "u"): "icmp ne", ("cmpne", "b"): "icmp ne"}
-GREATER = {"f": "fcmp ogt", "i": "icmp sgt", "u": "icmp ugt", "b": "icmp ugt"}
-MATH = {"sqrt": "llvm.sqrt", "exp2": "llvm.exp2", "log2": "llvm.log2", "sin": "llvm.sin"}
-FLOAT_SUFFIX = {"float16": "f16", "float32": "f32", "float64": "f64"}
-# accumulating may reorder (what `omp simd reduction` allows the C backend): it lets loops vectorise
-ACCUMULATE = {("add", "f"): "fadd reassoc", ("mul", "f"): "fmul reassoc"}
 INDEX_COMPARE = {"<": "slt", "<=": "sle", "==": "eq", "!=": "ne"}
 INDEX_ARITH = {"+": "add", "-": "sub", "*": "mul"}
-
-
-def kind(dtype):
-    return "b" if dtype == dtypes.bool_ else dtype.kind
-
-
-def constant(value, dtype):
-    """An LLVM literal of `dtype` (floats as the hex of the double holding the rounded value)."""
-    if dtype.is_float:
-        rounded = float(np.array(value, dtype=dtype.np))
-        return "0x%016X" % struct.unpack("<Q", struct.pack("<d", rounded))[0]
-    if dtype == dtypes.bool_:
-        return "1" if value else "0"
-    bits = dtype.itemsize * 8
-    value = int(value) & ((1 << bits) - 1)
-    return str(value - (1 << bits) if value >= 1 << (bits - 1) else value)
 
 
 def _pure(expr):
@@ -74,7 +42,7 @@ def _pure(expr):
     return True
 
 
-class Renderer:
+class Renderer(Ops):
     """Renders one kernel's IR to the instruction lines of its body functions."""
 
     def __init__(self, kernel, module):
@@ -216,72 +184,6 @@ class Renderer:
         names[id(value)] = result
         return result
 
-    def apply(self, value, args):
-        """One table op: the per-op table, with the semantics the numpy oracle defines."""
-        op, dtype = value.op, value.dtype
-        source = value.args[0].dtype if value.args else dtype
-        t, k = LTYPE[source.name], kind(source)
-        if op == "cast":
-            return self.convert(args[0], source, dtype)
-        if op == "neg":
-            return self.instruction(f"fneg {t} {args[0]}" if k == "f" else f"sub {t} 0, {args[0]}")
-        if op == "recip":
-            return self.instruction(f"fdiv {t} {constant(1, dtype)}, {args[0]}")
-        if op in MATH:
-            if dtype == dtypes.float16:      # float16 math runs in float32, as the C backend does
-                wide = self.instruction(f"fpext half {args[0]} to float")
-                result = self.call("float", f"{MATH[op]}.f32", [f"float {wide}"])
-                return self.instruction(f"fptrunc float {result} to half")
-            if (op, dtype) == ("exp2", dtypes.float32):
-                return self.instruction(f"call float @mg_exp2f(float {args[0]})")
-            return self.call(t, f"{MATH[op]}.{FLOAT_SUFFIX[dtype.name]}", [f"{t} {args[0]}"])
-        if op == "max":
-            a, b = args
-            greater = self.instruction(f"{GREATER[k]} {t} {a}, {b}")
-            if k == "f":    # NaN wins
-                nan = self.instruction(f"fcmp uno {t} {a}, {a}")
-                greater = self.instruction(f"or i1 {nan}, {greater}")
-            return self.instruction(f"select i1 {greater}, {t} {a}, {t} {b}")
-        if op == "where":
-            cond = self.instruction(f"icmp ne i8 {args[0]}, 0")
-            t = LTYPE[dtype.name]
-            return self.instruction(f"select i1 {cond}, {t} {args[1]}, {t} {args[2]}")
-        if op in ("idiv", "mod"):
-            a, b = (self.convert(arg, source, dtypes.int64) for arg in args)
-            result = self.call("i64", "mg_idiv" if op == "idiv" else "mg_imod",
-                               [f"i64 {a}", f"i64 {b}", "ptr %err", f"i64 {value.site}"])
-            return self.convert(result, dtypes.int64, dtype, truncate_bool=True)
-        if op in ("cmplt", "cmpne"):
-            flag = self.instruction(f"{COMPARE[op, k]} {t} {args[0]}, {args[1]}")
-            return self.instruction(f"zext i1 {flag} to i8")
-        instruction = BITWISE.get(op) or BINARY[op, k]
-        return self.instruction(f"{instruction} {t} {args[0]}, {args[1]}")
-
-    def convert(self, x, source, target, truncate_bool=False):
-        """C's conversion from `source` to `target` (to bool: != 0, unless truncating an index)."""
-        if source is target:
-            return x
-        s, t = LTYPE[source.name], LTYPE[target.name]
-        if target == dtypes.bool_ and not truncate_bool:
-            test = f"fcmp une {s} {x}, 0.0" if source.is_float else f"icmp ne {s} {x}, 0"
-            return self.instruction(f"zext i1 {self.instruction(test)} to i8")
-        if source.is_float and target.is_float:
-            change = "fpext" if target.itemsize > source.itemsize else "fptrunc"
-            return self.instruction(f"{change} {s} {x} to {t}")
-        if source.is_float:      # x86's conversion: through int32 for the narrow types
-            if target.itemsize < 4:
-                wide = self.instruction(f"fptosi {s} {x} to i32")
-                return self.instruction(f"trunc i32 {wide} to {t}")
-            return self.instruction(f"fptosi {s} {x} to {t}")
-        signed = source.kind == "i"
-        if target.is_float:
-            return self.instruction(f"{'sitofp' if signed else 'uitofp'} {s} {x} to {t}")
-        if target.itemsize == source.itemsize:
-            return x
-        if target.itemsize > source.itemsize:
-            return self.instruction(f"{'sext' if signed else 'zext'} {s} {x} to {t}")
-        return self.instruction(f"trunc {s} {x} to {t}")
-
     # ---- statements --------------------------------------------------------------------------
     def slot(self, name, index):
         """The address of an accumulator (of its element `index` when it is an array)."""
@@ -290,15 +192,6 @@ class Renderer:
             return pointer
         return self.instruction(f"getelementptr inbounds {LTYPE[define.dtype.name]}, ptr {pointer}, "
                                 f"i64 {self.as_int(index)}", "a")
-
-    def combine(self, old, op, v, dtype):
-        t, k = LTYPE[dtype.name], kind(dtype)
-        if op == "max":     # llvm.maximum: NaN wins, and stays; these vectorise as reductions
-            function = {"f": "llvm.maximum", "i": "llvm.smax"}.get(k, "llvm.umax")
-            suffix = FLOAT_SUFFIX[dtype.name] if k == "f" else t
-            return self.call(t, f"{function}.{suffix}", [f"{t} {old}", f"{t} {v}"])
-        instruction = ACCUMULATE.get((op, k)) or BINARY[op, k]
-        return self.instruction(f"{instruction} {t} {old}, {v}")
 
     def update(self, address, op, v, dtype):
         old = self.instruction(f"load {LTYPE[dtype.name]}, ptr {address}")
