@@ -18,5 +18,7 @@ def digits(train=True, test_fraction=0.2, seed=0):
     labels = data.target.astype(np.int64)
     order = np.random.default_rng(seed).permutation(len(images))
     cut = int(round(len(images) * (1 - test_fraction)))
-    chosen = order if train is None else (order[:cut] if train else order[cut:])
+    chosen = order
+    if train is not None:
+        chosen = order[:cut] if train else order[cut:]
     return TensorDataset(images[chosen], labels[chosen])

@@ -49,7 +49,9 @@ def value_range(expr, extents):
     if op in ("//", "%") and lb == hb and lb > 0:
         n = lb
         if op == "//":
-            return (la // n if la != -INF else -INF), (ha // n if ha != INF else INF)
+            low = -INF if la == -INF else la // n
+            high = INF if ha == INF else ha // n
+            return low, high
         return (la, ha) if 0 <= la and ha < n else (0, n - 1)
     if op in ("<", "<=", "==", "!=", "&&", "||"):
         return 0, 1
@@ -126,16 +128,21 @@ def _divide(op, a, n, extents):
     return Binary(op, a, Const(n))
 
 
+def _first(*choices):
+    """The value of the first (condition, value) pair whose condition holds, else None."""
+    return next((value for condition, value in choices if condition), None)
+
+
 def _fold_by_range(op, a, b, extents):
     (la, ha), (lb, hb) = value_range(a, extents), value_range(b, extents)
     if op == "min":
-        return a if ha <= lb else (b if hb <= la else None)
+        return _first((ha <= lb, a), (hb <= la, b))
     if op == "max":
-        return a if la >= hb else (b if lb >= ha else None)
+        return _first((la >= hb, a), (lb >= ha, b))
     if op == "<":
-        return Const(1) if ha < lb else (Const(0) if la >= hb else None)
+        return _first((ha < lb, Const(1)), (la >= hb, Const(0)))
     if op == "<=":
-        return Const(1) if ha <= lb else (Const(0) if la > hb else None)
+        return _first((ha <= lb, Const(1)), (la > hb, Const(0)))
     if op == "&&":
         if (la > 0 or ha < 0) and (lb > 0 or hb < 0):
             return Const(1)
@@ -147,7 +154,7 @@ def _fold_by_range(op, a, b, extents):
     if op == "||":
         if la > 0 or ha < 0 or lb > 0 or hb < 0:
             return Const(1)
-        return b if la == ha == 0 else (a if lb == hb == 0 else None)
+        return _first((la == ha == 0, b), (lb == hb == 0, a))
     return None
 
 

@@ -22,10 +22,16 @@ def is_node(x):
     return isinstance(x, Node)
 
 
+def _promotion_operand(x):
+    """What promotion sees of an operand: a scalar, a shaped node's dtype, or a 0-d node's."""
+    if not is_node(x):
+        return x
+    return x.dtype if x.ndim else (x.dtype, 0)
+
+
 def result_type(*operands):
     """PyTorch's promotion over nodes and scalars (0-d nodes rank below shaped ones)."""
-    return dtypes.result_type(*[(x.dtype if x.ndim else (x.dtype, 0)) if is_node(x) else x
-                                for x in operands])
+    return dtypes.result_type(*[_promotion_operand(x) for x in operands])
 
 
 def scalar_in(value, dtype):

@@ -22,7 +22,7 @@ def backend(request):
 
 def compare(got, want, dtype, rtol=None):
     if dtype.is_float:
-        tolerance = rtol or (2e-2 if dtype == dtypes.float16 else 1e-4 if dtype == dtypes.float32 else 1e-9)
+        tolerance = rtol or {dtypes.float16: 2e-2, dtypes.float32: 1e-4}.get(dtype, 1e-9)
         np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=tolerance,
                                    atol=tolerance, equal_nan=True)
     else:
