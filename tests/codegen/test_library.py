@@ -6,7 +6,7 @@ import pytest
 import metagraph as mg
 import metagraph.nn.functional as F
 from metagraph.codegen.interpreter import NumpyBackend
-from tests.conformance.conftest import compare
+from tests.backends.conftest import compare
 
 R = np.random.default_rng(3)
 

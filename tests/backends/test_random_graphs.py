@@ -14,7 +14,7 @@ from metagraph.expr import Const, Var
 from metagraph.ops import math as m
 from metagraph.ops.movement import view
 from metagraph.ops.table import apply
-from tests.conformance.conftest import BACKENDS, against_oracle
+from tests.backends.conftest import BACKENDS, against_oracle
 
 SIZES = st.sampled_from([1, 2, 3, 5, 7])
 DTYPES = [dtypes.float32, dtypes.float64, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.int8,

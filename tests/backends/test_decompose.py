@@ -9,7 +9,7 @@ from metagraph.codegen.c import CBackend
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import schedule
 from metagraph.ops.table import TABLE
-from tests.conformance.conftest import against_oracle
+from tests.backends.conftest import against_oracle
 from tests.helpers import needs
 from tests.ops.test_table import ROW_CASES
 

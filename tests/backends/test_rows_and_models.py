@@ -9,7 +9,7 @@ import metagraph.nn.functional as F
 from metagraph import dtypes
 from metagraph.ops.autograd import gradients
 from metagraph.ops.table import TABLE, apply
-from tests.conformance.conftest import BACKENDS, against_oracle, compare
+from tests.backends.conftest import BACKENDS, against_oracle, compare
 from tests.ops.test_table import ROW_CASES
 
 DIFFERENTIABLE = sorted(n for n in ROW_CASES if TABLE[n].grad is not None and n != "cast")
