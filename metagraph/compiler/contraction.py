@@ -44,7 +44,7 @@ def find(graph, chosen, k):
         return None
     space = product.shape
     extents = dict(enumerate(space))
-    operands, positions, shapes = [], [], []
+    operands, positions, shapes, missing = [], [], [], []
     for x in product.inputs:
         index = tuple(Const(0) if size == 1 else Var(d) for d, size in enumerate(space))
         while x.buffer is None and graph.position[x.id] not in chosen and x.op == "reindex" \
@@ -61,7 +61,7 @@ def find(graph, chosen, k):
             elif not (isinstance(expr, Const) and expr.value == 0 and size == 1):
                 return None
         if x.buffer is None and graph.position[x.id] not in chosen:
-            raise NotMaterialised(graph.position[x.id])
+            missing.append(graph.position[x.id])
         operands.append(letters)
         positions.append(graph.position[x.id])
         shapes.append(tuple(shape))
@@ -69,6 +69,8 @@ def find(graph, chosen, k):
     kept = [d for d in range(len(space)) if d not in axes]
     if any(LETTERS[d] not in used and space[d] != 1 for d in kept):
         return None          # an output dimension that only broadcasts: not an einsum
+    if missing:              # only once both operands qualify: otherwise nothing is gained by it
+        raise NotMaterialised(missing[0])
     output = "".join(LETTERS[d] for d in kept if LETTERS[d] in used)
     output_shape = tuple(space[d] for d in kept if LETTERS[d] in used)
     subscripts = f"{operands[0]},{operands[1]}->{output}"

@@ -66,3 +66,13 @@ def test_off_by_default():
     assert mg.flags.LIBRARY == 0
     _, _, names = _run(_data(7, 13) @ _data(13, 5))
     assert not any(n.startswith("lib_") for n in names)
+
+
+def test_an_operand_is_materialised_only_for_a_contraction_that_goes_to_the_library(library):
+    a, b = _data(3, 4), _data(6, 4)
+    plain = (a * 2).reindex([3, 5, 4], ["i0", "i2"])
+    shifted = b.reindex([3, 5, 4], ["i1 + 1", "i2"])      # not a plain variable: stays generated
+    out = (plain * shifted).sum(2)
+    got, want, names = _run(out)
+    assert names == [n for n in names if n.startswith("r_")] and len(names) == 1, names
+    compare(got, want, mg.float32)
