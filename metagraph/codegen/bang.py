@@ -18,7 +18,7 @@ import os
 from metagraph import dtypes, flags
 from metagraph.codegen import c
 from metagraph.codegen.bang_ops import BOOL_REDUCE, BOOL_VECTOR, REDUCE, SCATTER, VECTOR, VectorOps
-from metagraph.codegen.compiled import CompiledBackend, template, worth_threads
+from metagraph.codegen.compiled import CompiledBackend, template, thread_groups
 from metagraph.compiler import ir
 from metagraph.errors import MetagraphError
 from metagraph.expr import Binary, Var, linear_terms, variables
@@ -41,6 +41,12 @@ def _affine(expr, var):
     return coefficient
 
 
+def _tileable(loop):
+    """Whether a loop's iterations can be lanes of a tile: no inner loops and no accumulator
+    defined per iteration."""
+    return not any(isinstance(b, (ir.Loop, ir.Define)) for b in loop.body)
+
+
 def _conjuncts(cond):
     if isinstance(cond, Binary) and cond.op == "&&":
         return _conjuncts(cond.a) + _conjuncts(cond.b)
@@ -53,7 +59,7 @@ class Renderer(VectorOps, c.Renderer):
     def __init__(self, kernel):
         super().__init__(kernel)
         self.lines, self.depth = [], 1
-        self.nram = []                  # (ctype, name, size or None for TILE lanes)
+        self.nram = []                  # (dtype, name, size or None for TILE lanes)
         self.var = None                 # the loop variable along the tile (None: a single lane)
         self.at_lane = False            # render the tiled variable at a lane, not at the tile start
         self.spreads = {}               # uniform value -> its buffer, in the current statement
@@ -64,8 +70,9 @@ class Renderer(VectorOps, c.Renderer):
         self.lines.append("    " * self.depth + line)
 
     def buffer(self, dtype, size=None, stem="nram"):
+        """A new NRAM buffer of TILE lanes (or `size` elements); dtype None: int64 offsets."""
         name = f"{stem}{len(self.nram)}"
-        self.nram.append((CTYPE[dtype.name] if dtype is not None else "int64_t", name, size))
+        self.nram.append((dtype or dtypes.int64, name, size))
         return name
 
     def temporary(self, dtype, text):
@@ -262,8 +269,7 @@ class Renderer(VectorOps, c.Renderer):
     def statement(self, s):
         names, self.spreads = {}, {}
         if isinstance(s, ir.Loop):
-            # tiles need lanes that are independent: no inner loops, no per-iteration accumulator
-            if any(isinstance(b, (ir.Loop, ir.Define)) for b in s.body):
+            if not _tileable(s):
                 self.emit(f"for (int64_t i{s.var} = 0; i{s.var} < {s.extent}; i{s.var}++) {{")
                 self.block(s.body)
                 self.emit("}")
@@ -275,7 +281,7 @@ class Renderer(VectorOps, c.Renderer):
             if s.size is None:
                 self.emit(f"{CTYPE[s.dtype.name]} {s.name} = {init};")
             else:
-                self.nram.append((CTYPE[s.dtype.name], s.name, s.size))
+                self.nram.append((s.dtype, s.name, s.size))
                 self.emit(f"__bang_write_value({s.name}, {s.size}, {init});")
         elif isinstance(s, ir.Accumulate):
             self.accumulate(s, names)
@@ -371,34 +377,20 @@ class Renderer(VectorOps, c.Renderer):
         else:
             self.lane_loop([line])
             count = "lanes"
-        op = "bor" if param.dtype == dtypes.bool_ else s.op
-        function = "__scatter_bor" if op == "bor" else SCATTER[op]
+        function = "__scatter_bor" if param.dtype == dtypes.bool_ else SCATTER[s.op]
         self.emit(f"{function}(p{s.param}, {buffer}, {offsets}, {count});")
 
     # ---- the kernel --------------------------------------------------------------------------
     def body(self):
         """The entry function's statements: outer loops shared by tasks, the rest on task 0."""
-        groups, serial = [], []
-        for s in self.kernel.body:
-            if isinstance(s, ir.Loop) and worth_threads(s):
-                if serial:
-                    groups.append(("serial", serial))
-                    serial = []
-                groups.append(("tasks", [s]))
-            else:
-                serial.append(s)
-        if serial:
-            groups.append(("serial", serial))
-        for k, (kind, statements) in enumerate(groups):
+        for k, (loop, statements) in enumerate(thread_groups(self.kernel.body)):
             if k:
                 self.emit("__sync_all();")
-            if kind == "serial":
+            if loop is None:
                 self.emit("if (taskId == 0) {")
                 self.block(statements)
                 self.emit("}")
-                continue
-            (loop,) = statements
-            if any(isinstance(b, (ir.Loop, ir.Define)) for b in loop.body):
+            elif not _tileable(loop):
                 self.emit(f"for (int64_t i{loop.var} = taskId; i{loop.var} < {loop.extent}; "
                           f"i{loop.var} += taskDim) {{")
                 self.block(loop.body)
@@ -409,8 +401,8 @@ class Renderer(VectorOps, c.Renderer):
 
     def tile(self, capacity):
         """Lanes per tile: every buffer of the kernel fits `capacity` bytes of NRAM."""
-        fixed = sum(_size(ctype) * size for ctype, _, size in self.nram if size is not None)
-        per_lane = sum(_size(ctype) for ctype, _, size in self.nram if size is None)
+        fixed = sum(dtype.itemsize * size for dtype, _, size in self.nram if size is not None)
+        per_lane = sum(dtype.itemsize for dtype, _, size in self.nram if size is None)
         if fixed + per_lane > capacity:
             raise MetagraphError(f"bang: kernel {self.kernel.name} needs {fixed + per_lane} bytes of NRAM "
                                  f"for a single lane; METAGRAPH_BANG_NRAM is {capacity}")
@@ -419,11 +411,6 @@ class Renderer(VectorOps, c.Renderer):
         if lanes >= TILE_ALIGN:
             lanes = lanes // TILE_ALIGN * TILE_ALIGN
         return max(1, min(lanes, wanted))
-
-
-def _size(ctype):
-    return {"uint8_t": 1, "int8_t": 1, "int16_t": 2, "int32_t": 4, "int64_t": 8, "_Float16": 2,
-            "float": 4, "double": 8}[ctype]
 
 
 _TEMPLATE = template("bang.j2")
@@ -438,9 +425,10 @@ def render(kernels, capacity=None, vector_math=False):
         renderer = Renderer(kernel)
         lines = renderer.body()
         tile = renderer.tile(capacity)
-        nram_bytes = sum(_size(ctype) * (size if size is not None else tile)
-                         for ctype, _, size in renderer.nram)
-        views.append({"name": kernel.name, "lines": lines, "tile": tile, "nram": renderer.nram,
+        nram = [(CTYPE[dtype.name], name, size) for dtype, name, size in renderer.nram]
+        nram_bytes = sum(dtype.itemsize * (size if size is not None else tile)
+                         for dtype, _, size in renderer.nram)
+        views.append({"name": kernel.name, "lines": lines, "tile": tile, "nram": nram,
                       "nram_bytes": nram_bytes,
                       "params": [{"ctype": CTYPE[p.dtype.name], "output": p.output} for p in kernel.params]})
     return _TEMPLATE.render(kernels=views, names=[k.name for k in kernels], tasks=flags.NUM_THREADS,

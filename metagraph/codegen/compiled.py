@@ -53,6 +53,23 @@ def worth_threads(loop):
     return loop.kind == ir.PARALLEL and loop.extent >= 2 and _work(loop) >= PARALLEL_WORK
 
 
+def thread_groups(body):
+    """A kernel's top-level statements as (loop, None) for each outer loop worth threads or tasks,
+    and (None, statements) for each run of the others, in order."""
+    groups, serial = [], []
+    for s in body:
+        if isinstance(s, ir.Loop) and worth_threads(s):
+            if serial:
+                groups.append((None, serial))
+                serial = []
+            groups.append((s, None))
+        else:
+            serial.append(s)
+    if serial:
+        groups.append((None, serial))
+    return groups
+
+
 def _work(loop):
     inner = [s for s in loop.body if isinstance(s, ir.Loop)]
     return loop.extent * max([_work(s) for s in inner] or [1])
@@ -125,13 +142,6 @@ class CompiledBackend:
             list(pool.map(build, batches))
 
     def realize(self, outputs):
-        """The values of `outputs`; those that already hold a buffer are returned as they are
-        (a kernel for one would read its own, uninitialised, output)."""
-        pending = [node for node in outputs if node.buffer is None]
-        computed = dict(zip((node.id for node in pending), self._compute(pending))) if pending else {}
-        return [node.buffer if node.buffer is not None else computed[node.id] for node in outputs]
-
-    def _compute(self, outputs):
         graph = pending_graph(outputs)
         key = (graph.key, flags.LIBRARY)
         entry = self.schedules.get(key)
@@ -144,8 +154,11 @@ class CompiledBackend:
                     file=sys.stderr)
             try:
                 compiled = zip(*self.load([step.kernel for step in steps if step.library is None]))
-                functions, sources = zip(*[library.launcher(step.library) if step.library else next(compiled)
-                                           for step in steps]) if steps else ((), ())
+                functions, sources = [], []
+                for step in steps:
+                    function, source = library.launcher(step.library) if step.library else next(compiled)
+                    functions.append(function)
+                    sources.append(source)
             except MetagraphError as error:
                 lines = sorted({at(graph.nodes[step.positions[0]].location) for step in steps})
                 raise type(error)(f"{error}\n(compiling the kernels for values created at "

@@ -41,9 +41,10 @@ def _pos(graph, node):
 
 
 def materialised(graph):
-    """The positions of nodes that get their own buffer."""
+    """The positions of nodes that get their own buffer (an output that holds one already needs
+    no kernel: one would read its own, uninitialised, output)."""
     consumers = _consumers(graph)
-    chosen = set(graph.outputs)
+    chosen = {k for k in graph.outputs if graph.nodes[k].buffer is None}
     for k, node in enumerate(graph.nodes):
         if node.buffer is None and node.op in ALWAYS_MATERIALISED:
             chosen.add(k)

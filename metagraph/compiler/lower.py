@@ -6,6 +6,7 @@ kernel as its epilogue (conv + bias + relu is one kernel). A `reindex_reduce` is
 an initialising loop, then a loop over its source.
 """
 import hashlib
+import math
 from dataclasses import dataclass
 
 from metagraph import dtypes
@@ -244,12 +245,17 @@ class _Lowering:
                 source_index.append(index[out_dim])
                 out_dim += 1
         op = node.attrs["op"]
-        acc_dtype = dtypes.float32 if node.dtype == dtypes.float16 else node.dtype
         init = {"add": 0, "mul": 1, "max": dtypes.min_value(node.dtype)}[op]
+        return self.accumulate(node.dtype, init, op, loops, self.value(x, tuple(source_index), None))
+
+    def accumulate(self, dtype, init, op, loops, value):
+        """The kernel's accumulator for a reduction of `value` over `loops`, and its value as
+        `dtype` (float16 accumulates in float32)."""
+        acc_dtype = dtypes.float32 if dtype == dtypes.float16 else dtype
         self.accumulator = ir.Ref("acc", acc_dtype)
-        self.reduce_parts = (acc_dtype, init, op, loops, self.value(x, tuple(source_index), None))
-        if acc_dtype != node.dtype:
-            return ir.Apply("cast", (self.accumulator,), node.dtype)
+        self.reduce_parts = (acc_dtype, init, op, loops, value)
+        if acc_dtype != dtype:
+            return ir.Apply("cast", (self.accumulator,), dtype)
         return self.accumulator
 
     # ---- kernels ---------------------------------------------------------------------------
@@ -308,40 +314,35 @@ class _Lowering:
         renamed = Replace({v: Var(node.ndim + j) for j, v in enumerate(free)})
         self.extents = {d: size for d, size in enumerate(node.shape)}
         self.extents.update({node.ndim + j: x.shape[v] for j, v in enumerate(free)})
-        source, valid = [None] * x.ndim, None
+        source = []
         for v in range(x.ndim):
             if v not in solved:
-                source[v] = renamed[v]
+                source.append(renamed[v])
                 continue
             t, coefficients, const = solved[v]
             rest = Const(const)
             for u, c in coefficients.items():
                 if u != v:
                     rest = rest + renamed[u] * c
-            source[v] = simplify((Var(t) - rest) * coefficients[v], self.extents)
-            inside = Binary("&&", Binary("<=", Const(0), source[v]), Binary("<", source[v], Const(x.shape[v])))
-            valid = _and(valid, simplify(inside, self.extents))
-        value = self.in_bounds_unguarded(self.value(x, tuple(source), valid))
-        if valid is not None and not isinstance(value, ir.Load):
-            value = ir.Guard(valid, value, 0)         # no contribution where no source maps here
-        acc_dtype = dtypes.float32 if node.dtype == dtypes.float16 else node.dtype
-        self.accumulator = ir.Ref("acc", acc_dtype)
+            source.append(simplify((Var(t) - rest) * coefficients[v], self.extents))
+        valid = self.inside(tuple(source), x.shape)
+        value = self.value(x, tuple(source), valid)
+        if valid is not None:       # no contribution where no source maps here
+            value = ir.Guard(valid, self.unguarded_reads(value), 0)
         loops = [(node.ndim + j, x.shape[v]) for j, v in enumerate(free)]
-        self.reduce_parts = (acc_dtype, 0, "add", loops, value)
-        result = self.accumulator if acc_dtype == node.dtype else ir.Apply("cast", (self.accumulator,), node.dtype)
+        result = self.accumulate(node.dtype, 0, "add", loops, value)
         outer = tuple(Var(d) for d in range(node.ndim))
         return self.loop_nest(node, ir.Store(out, self.flat(node.shape, outer), result))
 
-    def in_bounds_unguarded(self, value):
-        """The value with the validity dropped from loads whose every address lies inside their
-        tensor (a conv weight read for an input gradient): they can be read unconditionally."""
+    def unguarded_reads(self, value):
+        """The value with the validity test dropped from loads that cannot leave their tensor (a
+        conv weight read for an input gradient). Only under a guard that zeroes what the test
+        excluded: an address inside the tensor can still be outside a dimension."""
         def walk(v):
             if isinstance(v, ir.Load) and v.valid is not None:
                 low, high = value_range(v.index, self.extents)
-                size = 1
-                for extent in self.params[v.param][1].shape:
-                    size *= extent
-                return ir.Load(v.param, v.index, v.dtype) if 0 <= low and high < size else v
+                inside = 0 <= low and high < math.prod(self.params[v.param][1].shape)
+                return ir.Load(v.param, v.index, v.dtype) if inside else v
             if isinstance(v, ir.Apply):
                 return ir.Apply(v.op, tuple(walk(a) for a in v.args), v.dtype, v.site)
             if isinstance(v, ir.Guard):

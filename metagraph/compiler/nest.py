@@ -103,19 +103,20 @@ class Nest:
                     offset = offset * extent[d] + Var(d)
                 outer = outer[:len(outer) - len(block)]
                 blocking = _register_block(extent, value, outer, inner, size)
+                rows = None           # (row variable, rows) of a register block
                 if blocking is None:
                     self.accumulator.index = simplify(offset, self.extents)
                     accumulate = [ir.Accumulate("acc", op, value, self.accumulator.index)]
                     stores = [store]
                 else:
-                    blocking = self.register_blocked(node, blocking, offset, size, op, value, store)
-                    accumulate, stores, size = blocking[3:]
+                    accumulate, stores, rows = self.register_blocked(blocking, offset, size, op, value, store)
+                    size *= rows[1]
                 for d in reversed(block):
                     kind = ir.VECTOR if d == inner else ir.SERIAL
                     accumulate = [ir.Loop(d, extent[d], kind, accumulate)]
                     stores = [ir.Loop(d, extent[d], kind, stores)]
-                if blocking is not None:
-                    stores = [ir.Loop(blocking[2], blocking[1], ir.SERIAL, stores)]
+                if rows is not None:
+                    stores = [ir.Loop(*rows, ir.SERIAL, stores)]
                 for loop_var, loop_extent in reversed(loops):
                     accumulate = [ir.Loop(loop_var, loop_extent, ir.REDUCE, accumulate)]
                 body = [ir.Define("acc", acc_dtype, init, op, size)] + accumulate + stores
@@ -143,11 +144,11 @@ class Nest:
                          self.substituted(store.value, mapping))
         return self.substituted(value, mapping), store, row
 
-    def register_blocked(self, node, blocking, offset, size, op, value, store):
+    def register_blocked(self, blocking, offset, size, op, value, store):
         """Accumulate `rows` consecutive values of output dimension d at once: d's loop counts
         blocks, and each step of the vectorised loop reads its shared operand once for `rows`
         accumulations (unrolled), each with its own element of the other operand. Returns
-        (d, rows, row variable, accumulations, stores, accumulator size)."""
+        (accumulations, stores, (row variable, rows))."""
         d, rows = blocking
         r = max(self.extents) + 1
         self.extents[d], self.extents[r] = self.extents[d] // rows, rows
@@ -161,7 +162,7 @@ class Nest:
         self.accumulator.index = simplify(Var(r) * size + offset, self.extents)
         stores = [ir.Store(store.param, simplify(substitute(store.index, mapping), self.extents),
                            self.substituted(store.value, mapping))]
-        return d, rows, r, accumulate, stores, rows * size
+        return accumulate, stores, (r, rows)
 
     def substituted(self, value, mapping):
         """A value tree with its index expressions' variables replaced (`mapping`)."""
@@ -174,11 +175,13 @@ class Nest:
                 return memo[id(v)]
             out = v         # values the mapping does not change stay the same objects (shared)
             if isinstance(v, ir.Load):
-                if (index(v.index), index(v.valid)) != (v.index, v.valid):
-                    out = ir.Load(v.param, index(v.index), v.dtype, index(v.valid))
+                parts = (index(v.index), index(v.valid))
+                if parts != (v.index, v.valid):
+                    out = ir.Load(v.param, parts[0], v.dtype, parts[1])
             elif isinstance(v, ir.IndexValue):
-                if index(v.expr) != v.expr:
-                    out = ir.IndexValue(index(v.expr), v.dtype)
+                expr = index(v.expr)
+                if expr != v.expr:
+                    out = ir.IndexValue(expr, v.dtype)
             elif isinstance(v, ir.Guard):
                 parts = (index(v.cond), walk(v.value), index(v.valid))
                 if parts != (v.cond, v.value, v.valid):

@@ -9,6 +9,7 @@ import metagraph.nn.functional as F
 from metagraph.compiler import ir
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import schedule
+from metagraph.compiler.nest import _loads
 from tests.backends.conftest import BACKENDS, against_oracle
 
 R = np.random.default_rng(5)
@@ -51,12 +52,6 @@ def test_blocked_rows_share_one_read(name):
     assert len(accumulations) == rows
     shared = [id(load) for s in accumulations for load in _loads(s.value)]
     assert len(set(shared)) == rows + 1     # one shared operand, one element of the other per row
-
-
-def _loads(value):
-    if isinstance(value, ir.Load):
-        return [value]
-    return [load for arg in getattr(value, "args", ()) for load in _loads(arg)]
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
@@ -116,3 +111,13 @@ def test_gathered_input_gradients_match_the_oracle(backend):
     weight = R.standard_normal((8, 3, 3, 3)).astype(np.float32)
     weight[2, 1, 0, 0] = np.inf       # a padded position contributes nothing, not 0 * inf
     against_oracle(backend, [_input_gradient(1).node, _input_gradient(1, mg.tensor(weight)).node])
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_a_gathered_read_inside_the_tensor_but_outside_a_dimension_contributes_nothing(backend):
+    # out[t] = sum of x[a, b] with a + b = t: solved as b = t - a, whose flat address 3a + t never
+    # leaves x although b does (t=0, a=1 would read x[0, 3]); the guard must still exclude it
+    x = mg.tensor(np.arange(12, dtype=np.float32).reshape(3, 4) + 1)
+    out = x.reindex_reduce("add", [4], ["i0 + i1"])
+    assert [s.kernel.name[0] for s in schedule(pending_graph([out.node]))] == ["g"]
+    against_oracle(backend, [out.node])

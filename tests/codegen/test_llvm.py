@@ -1,0 +1,23 @@
+"""The llvm backend without an OpenMP runtime: outer loops run whole on the calling thread."""
+import numpy as np
+
+import metagraph as mg
+import metagraph.nn.functional as F
+from metagraph.codegen.interpreter import NumpyBackend
+from metagraph.compiler.graph import pending_graph
+from metagraph.compiler.lower import schedule
+from tests.helpers import needs
+
+
+def test_without_libgomp_parallel_loops_run_on_the_calling_thread(tmp_path, monkeypatch):
+    needs("llvm")
+    from metagraph.codegen.llvm import LLVMBackend
+    monkeypatch.setattr(mg.flags, "CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(LLVMBackend, "_load_library", lambda self, name: False)
+    backend = LLVMBackend()
+    x = mg.tensor(np.random.default_rng(0).standard_normal((300, 400)).astype(np.float32))
+    out = F.softmax(x * 2 + 1, 1).node                 # its last kernel's outer loop is worth threads
+    last = schedule(pending_graph([out]))[-1].kernel
+    assert "GOMP_parallel" not in backend.render([last])
+    np.testing.assert_allclose(backend.realize([out])[0], NumpyBackend().realize([out])[0],
+                               rtol=1e-5, atol=1e-6)
