@@ -1,36 +1,40 @@
-void r_2x4x6x6_490ad996(char **restrict args, int64_t *restrict err) {
+void r_2x4x6x6_c6af2e61(char **restrict args, int64_t *restrict err) {
     float *restrict p0 = (float *)args[0];
     const float *restrict p1 = (const float *)args[1];
     const float *restrict p2 = (const float *)args[2];
     const float *restrict p3 = (const float *)args[3];
     for (int64_t i0 = 0; i0 < 2; i0++) {
-        float acc[144] __attribute__((aligned(64)));
-        for (int64_t q = 0; q < 144; q++) acc[q] = ((float)0.0);
-        for (int64_t i4 = 0; i4 < 3; i4++) {
-            for (int64_t i5 = 0; i5 < 3; i5++) {
-                for (int64_t i6 = 0; i6 < 3; i6++) {
-                    for (int64_t i1 = 0; i1 < 4; i1++) {
-                        for (int64_t i2 = 0; i2 < 6; i2++) {
+        for (int64_t i1 = 0; i1 < 1; i1++) {
+            for (int64_t i2 = 0; i2 < 6; i2++) {
+                float acc[24] __attribute__((aligned(64)));
+                for (int64_t q = 0; q < 24; q++) acc[q] = ((float)0.0);
+                for (int64_t i4 = 0; i4 < 3; i4++) {
+                    for (int64_t i5 = 0; i5 < 3; i5++) {
+                        for (int64_t i6 = 0; i6 < 3; i6++) {
                             #pragma omp simd
                             for (int64_t i3 = 0; i3 < 6; i3++) {
                                 float t0 = ((((0 <= ((i2 + i5) - 1)) && (((i2 + i5) - 1) < 6)) && ((0 <= ((i3 + i6) - 1)) && (((i3 + i6) - 1) < 6))) ? p1[(((((((i0 * 108) + (i2 * 6)) + i3) + (i4 * 36)) + (i5 * 6)) + i6) - 7)] : 0);
-                                float t1 = p2[((((i1 * 27) + (i4 * 9)) + (i5 * 3)) + i6)];
-                                acc[(((i1 * 36) + (i2 * 6)) + i3)] = fmaf(t0, t1, acc[(((i1 * 36) + (i2 * 6)) + i3)]);
+                                float t1 = p2[((((i1 * 108) + (i4 * 9)) + (i5 * 3)) + i6)];
+                                acc[i3] = fmaf(t0, t1, acc[i3]);
+                                float t2 = p2[(((((i1 * 108) + (i4 * 9)) + (i5 * 3)) + i6) + 27)];
+                                acc[(i3 + 6)] = fmaf(t0, t2, acc[(i3 + 6)]);
+                                float t3 = p2[(((((i1 * 108) + (i4 * 9)) + (i5 * 3)) + i6) + 54)];
+                                acc[(i3 + 12)] = fmaf(t0, t3, acc[(i3 + 12)]);
+                                float t4 = p2[(((((i1 * 108) + (i4 * 9)) + (i5 * 3)) + i6) + 81)];
+                                acc[(i3 + 18)] = fmaf(t0, t4, acc[(i3 + 18)]);
                             }
                         }
                     }
                 }
-            }
-        }
-        for (int64_t i1 = 0; i1 < 4; i1++) {
-            for (int64_t i2 = 0; i2 < 6; i2++) {
-                #pragma omp simd
-                for (int64_t i3 = 0; i3 < 6; i3++) {
-                    float t2 = p3[i1];
-                    float t3 = (acc[(((i1 * 36) + (i2 * 6)) + i3)] + t2);
-                    uint8_t t4 = (((float)0.0) < t3);
-                    float t5 = (t4 ? t3 : ((float)0.0));
-                    p0[((((i0 * 144) + (i1 * 36)) + (i2 * 6)) + i3)] = t5;
+                for (int64_t i7 = 0; i7 < 4; i7++) {
+                    #pragma omp simd
+                    for (int64_t i3 = 0; i3 < 6; i3++) {
+                        float t5 = p3[((i1 * 4) + i7)];
+                        float t6 = (acc[(i3 + (i7 * 6))] + t5);
+                        uint8_t t7 = (((float)0.0) < t6);
+                        float t8 = (t7 ? t6 : ((float)0.0));
+                        p0[(((((i0 * 144) + (i1 * 144)) + (i2 * 6)) + i3) + (i7 * 36))] = t8;
+                    }
                 }
             }
         }
