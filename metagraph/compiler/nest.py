@@ -235,11 +235,11 @@ class Nest:
             ca, cb = terms.get(Var(a), 0), terms.get(Var(b), 0)
             if load.valid is not None and variables(load.valid) & {a, b}:
                 return None
+            if any(variables(term) & {a, b} for term in terms if term not in (Var(a), Var(b))):
+                return None      # a or b inside a product, division or index tensor read
             if not ca and not cb:
                 continue
             if cb <= 0 or ca % cb or (pitch is not None and ca // cb != pitch):
-                return None
-            if any(variables(term) & {a, b} for term in terms if term not in (Var(a), Var(b))):
                 return None
             pitch = ca // cb
         height, width, rows = self.extents[a], self.extents[b], blocking[1]
