@@ -112,18 +112,8 @@ class Renderer(VectorOps, c.Renderer):
 
     def varies(self, value):
         """Whether a value changes along the tile."""
-        if self.var is None:
-            return False
-        if isinstance(value, ir.Load):
-            return self.depends(value.index) or (value.valid is not None and self.depends(value.valid))
-        if isinstance(value, ir.IndexValue):
-            return self.depends(value.expr)
-        if isinstance(value, ir.Ref):
-            return value.index is not None and self.depends(value.index)
-        if isinstance(value, ir.Guard):
-            return self.varies(value.value) or self.depends(value.cond) or \
-                (value.valid is not None and self.depends(value.valid))
-        return any(self.varies(arg) for arg in getattr(value, "args", ()))
+        return self.var is not None and any(self.depends(expr) for v in ir.values(value)
+                                            for expr in ir.index_expressions(v))
 
     def interval(self, cond):
         """(lo, hi) C expressions: the lanes where cond holds, when it is a conjunction of affine

@@ -69,6 +69,41 @@ class Ref:
     index: Optional[object] = None
 
 
+def values(value):
+    """Every value in a value tree, each object once (shared subtrees are visited once)."""
+    seen, stack, out = set(), [value], []
+    while stack:
+        v = stack.pop()
+        if v is None or id(v) in seen:
+            continue
+        seen.add(id(v))
+        out.append(v)
+        if isinstance(v, Guard):
+            stack.append(v.value)
+        stack.extend(getattr(v, "args", ()))
+    return out
+
+
+def loads(value):
+    """Every Load in a value tree."""
+    return [v for v in values(value) if isinstance(v, Load)]
+
+
+def index_expressions(v):
+    """The index expressions one value node uses (not those of its arguments)."""
+    if isinstance(v, Load):
+        parts = (v.index, v.valid)
+    elif isinstance(v, Guard):
+        parts = (v.cond, v.valid)
+    elif isinstance(v, IndexValue):
+        parts = (v.expr,)
+    elif isinstance(v, Ref):
+        parts = (v.index,)
+    else:
+        parts = ()
+    return [expr for expr in parts if expr is not None]
+
+
 # ---- statements ------------------------------------------------------------------------------
 
 PARALLEL, SERIAL, REDUCE, VECTOR = "parallel", "serial", "reduce", "vector"

@@ -1,31 +1,33 @@
-"""The loop nest of a kernel over its output, and of a reduction inside it: row blocks
-accumulated whole with their loops innermost, rows too long for one block cut into tiles, and
-register blocking of an outer output dimension. Every rewrite substitutes loop variables in the
-kernel IR's values; nothing here knows which operator the reduction came from.
+"""The loop nest of a kernel over its output, and of a reduction inside it.
+
+A reduction accumulates a block of output elements at once in a local array, the block's loop
+innermost and vectorised, the reduction's loops around it:
+- a register tile, where an outer output dimension can be register-blocked (a conv's filters, a
+  matmul's rows): the output row alone, cut into tiles or flattened with the rows after it so
+  that rows x row vectors fit the vector registers (`register_tile`);
+- otherwise a row block: the trailing output dimensions, up to ROW_MAX elements (`row_block`);
+- otherwise one dot product per output element.
+Every rewrite substitutes loop variables in the kernel IR's values; nothing here knows which
+operator the reduction came from.
 """
+from dataclasses import dataclass
+
 from metagraph.compiler import ir
 from metagraph.compiler.simplify import simplify, substitute
 from metagraph.expr import Const, Var, linear_terms, variables
 
 ROW_MIN, ROW_MAX = 8, 1024   # output rows this long are accumulated whole, their loop innermost
-
-
-def _loads(value):
-    """Every Load in a value tree."""
-    if isinstance(value, ir.Load):
-        return [value]
-    if isinstance(value, ir.Guard):
-        return _loads(value.value)
-    return [load for arg in getattr(value, "args", ()) for load in _loads(arg)]
-
-
 STRIDE_MAX = 2     # the vectorised loop of a row block may read with this stride (strided convs)
+ACC_MAX = 2048     # elements of a register-blocked accumulator (8 KiB of float32; 16 KiB measured slower)
+# A register tile of at most this many vectors stays in registers for the whole reduction
+# (AVX-512 has 32): matmul 1024^3 went from 78 to 161-176 GFLOP/s with 8 rows x 32 or 64 columns.
+VECTOR_BYTES, ACC_REGISTERS = 64, 32
 
 
 def _contiguous(value, var):
     """Whether every load's address moves by a small constant stride (0 to STRIDE_MAX elements)
     per step of loop variable `var`."""
-    for load in _loads(value):
+    for load in ir.loads(value):
         terms, _ = linear_terms(load.index)
         if any(var in variables(term) and (not isinstance(term, Var) or not 0 <= coef <= STRIDE_MAX)
                for term, coef in terms.items()):
@@ -40,27 +42,21 @@ class Replace(dict):
         return Var(axis)
 
 
-ACC_MAX = 2048     # elements of a register-blocked accumulator (8 KiB of float32; 16 KiB measured slower)
-# A register-blocked accumulator of at most this many vectors stays in registers for the whole
-# reduction (AVX-512 has 32): a longer row is cut into tiles so that it fits, and the tile is the
-# whole block. Matmul 1024^3 went from 78 to 161-176 GFLOP/s with 8 rows x 32 or 64 columns.
-VECTOR_BYTES, ACC_REGISTERS = 64, 32
-
-
-def _load_variables(load):
-    return variables(load.index) | (variables(load.valid) if load.valid is not None else set())
+def _variables(v):
+    """The loop variables one value node's index expressions use."""
+    return set().union(*(variables(expr) for expr in ir.index_expressions(v)))
 
 
 def _register_block(shape, value, outer, inner, size):
     """(d, rows) when output dimension d is worth blocking: some operand does not
     depend on d (it is read once for all rows) and every operand that does is constant along the
     vectorised loop (one scalar per row). The innermost such dimension; rows divides its extent."""
-    loads = _loads(value)
+    loads = ir.loads(value)
     for d in reversed(outer):
-        dependent = [load for load in loads if d in _load_variables(load)]
+        dependent = [load for load in loads if d in _variables(load)]
         if not dependent or len(dependent) == len(loads):
             continue
-        if any(inner in _load_variables(load) for load in dependent):
+        if any(inner in _variables(load) for load in dependent):
             continue
         # the first dimension is the parallel loop: keep at least 8 blocks of it for the threads
         rows = next((r for r in (8, 4, 2) if shape[d] % r == 0 and r * size <= ACC_MAX
@@ -75,46 +71,22 @@ def _vectors(length, itemsize):
     return -(-length * itemsize // VECTOR_BYTES)
 
 
-def _guards(value):
-    """Every Guard and IndexValue in a value tree (index conditions outside loads)."""
-    if isinstance(value, (ir.Guard, ir.IndexValue)):
-        return [value] + _guards(getattr(value, "value", None))
-    return [g for arg in getattr(value, "args", ()) for g in _guards(arg)]
+def _inner(block, extents):
+    """The vectorised loop of a block: its innermost that runs more than once."""
+    return next((d for d in reversed(block) if extents[d] > 1), None)
 
 
-def _mentions(value, axes):
-    exprs = [value.expr] if isinstance(value, ir.IndexValue) else [value.cond, value.valid]
-    return any(expr is not None and variables(expr) & set(axes) for expr in exprs)
-
-
-class _Plane:
-    """Output rows a..a+R of a plane computed as one flat loop (see Nest.flattened): the value with
-    every load's S*h + w replaced by the flat position p, the store over (t, r, w), and where the
-    store reads the tile from (r*S + w)."""
-
-    def __init__(self, nest, a, b, pitch, rows, value, store):
-        extents = nest.extents
-        height, width = extents[a], extents[b]
-        self.var = p = max(extents) + 1
-        r = p + 1
-        extents[a], extents[p], extents[r] = height // rows, (rows - 1) * pitch + width, rows
-
-        def fold(expr):
-            terms, const = linear_terms(expr)
-            step = terms.pop(Var(b), 0)
-            if not step:
-                return expr
-            terms.pop(Var(a))
-            out = Const(const) + (Var(a) * (rows * pitch) + Var(p)) * step
-            for term, coef in terms.items():
-                out = out + term * coef
-            return out
-        self.value = nest.rewritten(value, fold)
-        mapping = Replace({a: Var(a) * rows + Var(r)})
-        self.store = ir.Store(store.param, simplify(substitute(store.index, mapping), extents),
-                              nest.substituted(store.value, mapping))
-        self.store_offset = Var(r) * pitch + Var(b)
-        self.store_loops = [(r, rows, ir.SERIAL), (b, width, ir.VECTOR)]
+@dataclass
+class _Block:
+    """The output elements a reduction accumulates at once: `block` are their loop variables
+    (see _inner for the vectorised one), `outer` the output loops around them; the value and store after
+    any rewrite of their variables, and the loops and accumulator position the store uses."""
+    value: object
+    store: object
+    outer: list
+    block: list
+    store_loops: list = None     # (variable, extent, kind); None: the block's own loops
+    store_offset: object = None  # None: the accumulation's own position
 
 
 class Nest:
@@ -125,115 +97,124 @@ class Nest:
         self.extents, self.accumulator = extents, accumulator
 
     def loops(self, node, store, reduce_parts):
-        """Loops over the output around `store`, with the reduction (`reduce_parts`) inside.
-
-        A reduction accumulates a whole block of its trailing output dimensions (as many as fit
-        in ROW_MAX elements, at least ROW_MIN) in a local array, with the block's loops innermost:
-        a matmul runs i-k-j, a convolution runs along its output rows, and both read memory
-        contiguously in the vectorised loop."""
-        outer, extent = list(range(node.ndim)), self.extents
+        """Loops over the output around `store`, with the reduction (`reduce_parts`) inside."""
         if reduce_parts is None:
-            body = [store]
+            body, outer = [store], list(range(node.ndim))
         else:
-            acc_dtype, init, op, loops, value = reduce_parts
-            whole, least, plane, registers = ROW_MAX, ROW_MIN, None, False   # block elements: most, least
-            if loops and node.ndim and _contiguous(value, node.ndim - 1):
-                rows = _register_block(extent, value, outer[:-1], node.ndim - 1, 1)
-                tile, registers = self.row_tile(node.shape[-1], acc_dtype.itemsize, rows)
-                if tile is not None:
-                    value, store, row = self.split_row(node, value, store, tile)
-                    outer.append(row)
-                elif registers:
-                    plane = self.flattened(node, value, store, acc_dtype.itemsize, rows)
-                if plane is not None:      # the row's loop is the store's only
-                    value, store = plane.value, plane.store
-                    outer[-1] = plane.var
-                if registers:          # the register tile is the row (or its tile) alone
-                    whole, least = extent[outer[-1]], 2
-            block, size = [], 1
-            for d in reversed(outer):
-                if size * extent[d] > whole or (d == 0 and len(outer) > 1):   # keep a parallel loop
-                    break
-                if block and registers:
-                    break
-                block.insert(0, d)
-                size *= extent[d]
-            inner = next((d for d in reversed(block) if extent[d] > 1), None)
-            if loops and size >= least and inner is not None and _contiguous(value, inner):
-                offset = Const(0)
-                for d in block:
-                    offset = offset * extent[d] + Var(d)
-                store_offset, store_loops = offset, [(d, extent[d], ir.VECTOR if d == inner else ir.SERIAL)
-                                                     for d in block]
-                if plane is not None:   # the plane's rows are stored one by one from the flat tile
-                    store_offset, store_loops = plane.store_offset, plane.store_loops
-                outer = outer[:len(outer) - len(block)]
-                blocking = _register_block(extent, value, outer, inner, size)
-                rows = None           # (row variable, rows) of a register block
-                if blocking is None:
-                    accumulate = [ir.Accumulate("acc", op, value, simplify(offset, extent))]
-                    self.accumulator.index = simplify(store_offset, extent)
-                    stores = [store]
-                else:
-                    accumulate, stores, rows = self.register_blocked(blocking, (offset, store_offset), size,
-                                                                     op, value, store)
-                    size *= rows[1]
-                for d in reversed(block):
-                    accumulate = [ir.Loop(d, extent[d], ir.VECTOR if d == inner else ir.SERIAL, accumulate)]
-                for loop in reversed(store_loops):
-                    stores = [ir.Loop(*loop, stores)]
-                if rows is not None:
-                    stores = [ir.Loop(*rows, ir.SERIAL, stores)]
-                for loop_var, loop_extent in reversed(loops):
-                    accumulate = [ir.Loop(loop_var, loop_extent, ir.REDUCE, accumulate)]
-                body = [ir.Define("acc", acc_dtype, init, op, size)] + accumulate + stores
-            else:
-                body = [ir.Accumulate("acc", op, value)]
-                for loop_var, loop_extent in reversed(loops):
-                    body = [ir.Loop(loop_var, loop_extent, ir.REDUCE, body)]
-                body = [ir.Define("acc", acc_dtype, init, op)] + body + [store]
+            body, outer = self.reduction(node, store, *reduce_parts)
         for d in reversed(outer):
-            body = [ir.Loop(d, extent[d], ir.PARALLEL if d == 0 else ir.SERIAL, body)]
+            body = [ir.Loop(d, self.extents[d], ir.PARALLEL if d == 0 else ir.SERIAL, body)]
         return body
 
-    def row_tile(self, length, itemsize, blocking):
-        """(tile, registers): the length of the tiles an output row is cut into (None: not cut),
-        and whether the row's register block (`blocking`) fits in ACC_REGISTERS vectors.
+    def reduction(self, node, store, acc_dtype, init, op, loops, value):
+        """(body, output loops around it) of a reduction of `value` over `loops`."""
+        found = None
+        if loops and node.ndim and _contiguous(value, node.ndim - 1):
+            found = self.register_tile(node, value, store, acc_dtype.itemsize) or \
+                self.row_block(node, value, store)
+        if found is None:         # one dot product per output element
+            body = [ir.Accumulate("acc", op, value)]
+            for loop_var, loop_extent in reversed(loops):
+                body = [ir.Loop(loop_var, loop_extent, ir.REDUCE, body)]
+            return [ir.Define("acc", acc_dtype, init, op)] + body + [store], list(range(node.ndim))
+        extent, block = self.extents, found.block
+        inner = _inner(block, extent)
+        size, offset = 1, Const(0)
+        for d in block:
+            size, offset = size * extent[d], offset * extent[d] + Var(d)
+        store_loops = found.store_loops or [(d, extent[d], ir.VECTOR if d == inner else ir.SERIAL)
+                                            for d in block]
+        store_offset = offset if found.store_offset is None else found.store_offset
+        blocking = _register_block(extent, found.value, found.outer, inner, size)
+        if blocking is None:
+            accumulate = [ir.Accumulate("acc", op, found.value, simplify(offset, extent))]
+            self.accumulator.index = simplify(store_offset, extent)
+            stores = [found.store]
+        else:
+            accumulate, stores, rows = self.register_blocked(blocking, (offset, store_offset), size, op,
+                                                             found.value, found.store)
+            store_loops = [rows] + store_loops
+            size *= rows[1]
+        for d in reversed(block):
+            accumulate = [ir.Loop(d, extent[d], ir.VECTOR if d == inner else ir.SERIAL, accumulate)]
+        for loop_var, loop_extent in reversed(loops):
+            accumulate = [ir.Loop(loop_var, loop_extent, ir.REDUCE, accumulate)]
+        for loop in reversed(store_loops):
+            stores = [ir.Loop(*loop, stores)]
+        return [ir.Define("acc", acc_dtype, init, op, size)] + accumulate + stores, found.outer
 
-        A row that a register block would accumulate in more vectors than that is cut into the
-        longest tiles that fit (a divisor of its length, at least one vector). Otherwise a row
-        longer than ROW_MAX is cut into tiles of up to ROW_MAX elements (a divisor, at least 64).
-        A row with no such divisor is not cut."""
-        if blocking is not None:
-            if _vectors(length, itemsize) * blocking[1] <= ACC_REGISTERS:
-                return None, True
-            shortest = max(1, VECTOR_BYTES // itemsize)
-            tile = next((t for t in range(length // 2, shortest - 1, -1)
-                         if length % t == 0 and _vectors(t, itemsize) * blocking[1] <= ACC_REGISTERS), None)
+    def register_tile(self, node, value, store, itemsize):
+        """The output row alone as the block (a _Block), where an outer output dimension can be
+        register-blocked and rows x row vectors fit ACC_REGISTERS: a row that does not fit is cut
+        into the longest tiles that do (a divisor of its length, at least one vector); a row
+        shorter than half a vector may be flattened with the rows after it (`flattened`). None
+        when no register block applies or no tile fits."""
+        last, length = node.ndim - 1, node.shape[-1]
+        blocking = _register_block(self.extents, value, list(range(last)), last, 1)
+        if blocking is None or length < 2:
+            return None
+
+        def fits(t):
+            return _vectors(t, itemsize) * blocking[1] <= ACC_REGISTERS
+        outer = list(range(last))
+        if fits(length):
+            plane = self.flattened(node, value, store, itemsize, blocking)
+            if plane is not None:
+                return plane
+            return _Block(value, store, outer, [last])
+        shortest = max(1, VECTOR_BYTES // itemsize)
+        tile = next((t for t in range(length // 2, shortest - 1, -1) if length % t == 0 and fits(t)), None)
+        if tile is None:
+            return None
+        value, store, row = self.split_row(node, value, store, tile)
+        return _Block(value, store, outer + [last], [row])
+
+    def row_block(self, node, value, store):
+        """The trailing output dimensions as the block, as many as fit in ROW_MAX elements and at
+        least ROW_MIN (a _Block), the first dimension kept outside as the parallel loop. A row
+        longer than ROW_MAX is first cut into tiles of up to ROW_MAX elements (a divisor of its
+        length, at least 64; a row with no such divisor is not cut). None when the block's
+        vectorised loop would not read contiguously."""
+        outer = list(range(node.ndim))
+        if node.shape[-1] > ROW_MAX:
+            tile = next((t for t in range(ROW_MAX, 63, -1) if node.shape[-1] % t == 0), None)
             if tile is not None:
-                return tile, True
-        if length > ROW_MAX:
-            return next((t for t in range(ROW_MAX, 63, -1) if length % t == 0), None), False
-        return None, False
+                value, store, row = self.split_row(node, value, store, tile)
+                outer.append(row)
+        block, size = [], 1
+        for d in reversed(outer):
+            if size * self.extents[d] > ROW_MAX or (d == 0 and len(outer) > 1):   # keep a parallel loop
+                break
+            block.insert(0, d)
+            size *= self.extents[d]
+        inner = _inner(block, self.extents)
+        if size < ROW_MIN or inner is None or not _contiguous(value, inner):
+            return None
+        return _Block(value, store, outer[:len(outer) - len(block)], block)
 
     def flattened(self, node, value, store, itemsize, blocking):
-        """A short output row and the rows after it as one flat vectorised loop (a _Plane), or
+        """A short output row and the rows after it as one flat vectorised loop (a _Block), or
         None when that does not help.
 
         Where every load reads the plane (h, w) at S*h + w (times a stride), for one row pitch
         S >= the row's length (a convolution over a padded copy), R rows starting at h are the
         addresses p in [0, (R-1)*S + W) from h's: one loop over p computes them, and the lanes
-        whose w is past the row are computed but never stored. A 7x7 plane is then one loop of 61
-        lanes instead of seven of 7. R divides the rows and is chosen for the most output lanes
-        per instruction (multiply-adds plus loads of the register block)."""
+        whose w is past the row are computed but never stored. Every address they read lies
+        between two that valid lanes read. A 7x7 plane is then one loop of 61 lanes instead of
+        seven of 7. R divides the rows and is chosen for the most output lanes per instruction
+        (multiply-adds plus loads of the register block)."""
         a, b = node.ndim - 2, node.ndim - 1
-        if a < 1 or a == blocking[0] or any(_mentions(v, (a, b)) for v in _guards(value)):
+        if a < 1 or a == blocking[0]:
             return None
         pitch = None
-        for load in _loads(value):
-            terms, _ = linear_terms(load.index)
+        for v in ir.values(value):
+            if not isinstance(v, ir.Load):
+                if _variables(v) & {a, b}:
+                    return None          # a guard or an index value along the plane
+                continue
+            terms, _ = linear_terms(v.index)
             ca, cb = terms.get(Var(a), 0), terms.get(Var(b), 0)
-            if load.valid is not None and variables(load.valid) & {a, b}:
+            if v.valid is not None and variables(v.valid) & {a, b}:
                 return None
             if any(variables(term) & {a, b} for term in terms if term not in (Var(a), Var(b))):
                 return None      # a or b inside a product, division or index tensor read
@@ -256,7 +237,31 @@ class Nest:
         best = max((r for r in range(1, height + 1) if height % r == 0), key=score)
         if best == 1 or score(best) <= 0:
             return None
-        return _Plane(self, a, b, pitch, best, value, store)
+        return self.plane(a, b, pitch, best, value, store)
+
+    def plane(self, a, b, pitch, rows, value, store):
+        """Output rows of dimension a computed `rows` at a time as one flat loop p (see
+        `flattened`): every load's pitch*a + b becomes t*rows*pitch + p, with a's loop t counting
+        row groups; the store runs over (r, b) and reads the tile at r*pitch + b."""
+        extents = self.extents
+        height, width = extents[a], extents[b]
+        p = max(extents) + 1
+        r = p + 1
+        extents[a], extents[p], extents[r] = height // rows, (rows - 1) * pitch + width, rows
+
+        def fold(expr):
+            terms, const = linear_terms(expr)
+            step = terms.pop(Var(b), 0)
+            if not step:
+                return expr
+            terms.pop(Var(a))
+            out = Const(const) + (Var(a) * (rows * pitch) + Var(p)) * step
+            for term, coef in terms.items():
+                out = out + term * coef
+            return out
+        store = self.stored(store, Replace({a: Var(a) * rows + Var(r)}))
+        return _Block(self.rewritten(value, fold), store, list(range(b)), [p],
+                      [(r, rows, ir.SERIAL), (b, width, ir.VECTOR)], Var(r) * pitch + Var(b))
 
     def split_row(self, node, value, store, tile):
         """The output row cut into tiles of `tile` elements: (value, store, tile variable) with
@@ -265,16 +270,19 @@ class Nest:
         row = max(self.extents) + 1
         self.extents[last], self.extents[row] = length // tile, tile
         mapping = Replace({last: Var(last) * tile + Var(row)})
-        store = ir.Store(store.param, simplify(substitute(store.index, mapping), self.extents),
-                         self.substituted(store.value, mapping))
-        return self.substituted(value, mapping), store, row
+        return self.substituted(value, mapping), self.stored(store, mapping), row
+
+    def stored(self, store, mapping):
+        """A Store with its variables replaced (`mapping`)."""
+        return ir.Store(store.param, simplify(substitute(store.index, mapping), self.extents),
+                        self.substituted(store.value, mapping))
 
     def register_blocked(self, blocking, offsets, size, op, value, store):
         """Accumulate `rows` consecutive values of output dimension d at once: d's loop counts
         blocks, and each step of the vectorised loop reads its shared operand once for `rows`
         accumulations (unrolled), each with its own element of the other operand. `offsets` are
         the position in the block where it is accumulated and where it is stored from. Returns
-        (accumulations, stores, (row variable, rows))."""
+        (accumulations, stores, the store's loop over the rows)."""
         (d, rows), (offset, store_offset) = blocking, offsets
         r = max(self.extents) + 1
         self.extents[d], self.extents[r] = self.extents[d] // rows, rows
@@ -284,11 +292,8 @@ class Nest:
             mapping = Replace({d: Var(d) * rows + Const(row)})
             index = simplify(Const(row * size) + offset, self.extents)
             accumulate.append(ir.Accumulate("acc", op, self.substituted(value, mapping), index))
-        mapping = Replace({d: block_var})
         self.accumulator.index = simplify(Var(r) * size + store_offset, self.extents)
-        stores = [ir.Store(store.param, simplify(substitute(store.index, mapping), self.extents),
-                           self.substituted(store.value, mapping))]
-        return accumulate, stores, (r, rows)
+        return accumulate, [self.stored(store, Replace({d: block_var}))], (r, rows, ir.SERIAL)
 
     def substituted(self, value, mapping):
         """A value tree with its index expressions' variables replaced (`mapping`)."""

@@ -9,7 +9,7 @@ import metagraph.nn.functional as F
 from metagraph.compiler import ir
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import schedule
-from metagraph.compiler.nest import _loads
+from metagraph.compiler.ir import loads as _loads
 from tests.backends.conftest import BACKENDS, against_oracle
 
 R = np.random.default_rng(5)
