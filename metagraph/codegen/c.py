@@ -11,7 +11,8 @@ import subprocess
 import cffi
 
 from metagraph import dtypes, flags
-from metagraph.codegen.compiled import CompileError, CompiledBackend, launcher, template, worth_threads
+from metagraph.codegen.compiled import (CompileError, CompiledBackend, fused_product, launcher, template,
+                                        worth_threads)
 from metagraph.compiler import ir
 from metagraph.compiler.simplify import value_range
 from metagraph.expr import Const, Extra, Select, Var
@@ -170,12 +171,10 @@ class Renderer:
             self.accumulators[s.name] = s
         elif isinstance(s, ir.Accumulate) and s.index is not None:
             target = f"{s.name}[{self.index(s.index)}]"
-            product = s.value
-            if s.op == "add" and isinstance(product, ir.Apply) and product.op == "mul" and \
-                    product.dtype in FMA and product.dtype == self.accumulators[s.name].dtype:
-                # a product accumulated: one fused multiply-add, in every kernel that computes it
-                a, b = (self.value(arg, lines, names) for arg in product.args)
-                lines.append(f"{target} = {FMA[product.dtype]}({a}, {b}, {target});")
+            product = fused_product(s, self.accumulators[s.name].dtype)
+            if product is not None:
+                a, b = (self.value(arg, lines, names) for arg in product)
+                lines.append(f"{target} = {FMA[s.value.dtype]}({a}, {b}, {target});")
             else:
                 v = self.value(s.value, lines, names)
                 lines.append(self.combine(target, s.op, v, s.value.dtype))

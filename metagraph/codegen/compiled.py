@@ -19,6 +19,7 @@ from metagraph.codegen.interpreter import NumpyBackend
 from metagraph.compiler import ir
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import schedule
+from metagraph.compiler.nest import ACC_REGISTERS
 from metagraph.errors import MetagraphError, at
 from metagraph.runtime import executor, profiler
 
@@ -70,6 +71,18 @@ def thread_groups(body):
     return groups
 
 
+def fused_product(statement, acc_dtype):
+    """(a, b) when an array accumulation adds a product a * b of the accumulator's float type,
+    else None. Code generators render it as one fused multiply-add: each reduction is computed in
+    exactly one kernel, so this stays deterministic (contracting recomputed values did not)."""
+    value = statement.value
+    if statement.index is None or statement.op != "add" or not isinstance(value, ir.Apply) or \
+            value.op != "mul" or value.dtype != acc_dtype or not acc_dtype.is_float or \
+            acc_dtype.itemsize < 4:
+        return None
+    return value.args
+
+
 def _work(loop):
     inner = [s for s in loop.body if isinstance(s, ir.Loop)]
     return loop.extent * max([_work(s) for s in inner] or [1])
@@ -80,6 +93,7 @@ class CompiledBackend:
     compile_jobs = flags.NUM_THREADS     # toolchain calls that may run at once
     renders = None      # the table ops this backend renders (None: every row); lowering decomposes
                         # the others (compiler/decompose.py)
+    accumulator_registers = ACC_REGISTERS   # vector registers a register tile may fill
 
     def __init__(self, cache):
         self.schedules = {}
@@ -146,7 +160,7 @@ class CompiledBackend:
         key = (graph.key, flags.LIBRARY)
         entry = self.schedules.get(key)
         if entry is None:
-            steps = schedule(graph, self.renders, library=bool(flags.LIBRARY))
+            steps = schedule(graph, self.renders, bool(flags.LIBRARY), self.accumulator_registers)
             if flags.DEBUG >= 3:
                 print("metagraph: new schedule\n" + "\n".join(
                     f"  {k}: {n.op} {n.shape} {n.dtype.name} <- "

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from metagraph import dtypes
 from metagraph.compiler import contraction, decompose, ir
 from metagraph.compiler.fusion import materialised
-from metagraph.compiler.nest import Nest, Replace
+from metagraph.compiler.nest import ACC_REGISTERS, Nest, Replace
 from metagraph.compiler.simplify import simplify, substitute, value_range
 from metagraph.errors import IndexOutOfRange, MetagraphError
 from metagraph.expr import Binary, Const, Extra, Var, linear_terms
@@ -41,19 +41,19 @@ class _Refuse(Exception):
         self.position = position
 
 
-def schedule(graph, renders=None, library=False):
+def schedule(graph, renders=None, library=False, registers=ACC_REGISTERS):
     """The kernel launches that compute graph's outputs, in order (`renders`: the table ops the
     backend renders, None for all; the others are decomposed; `library`: contractions go to a
-    library, see contraction.py)."""
+    library, see contraction.py; `registers`: vector registers a register tile may fill)."""
     chosen, unfusable = materialised(graph), set()
     while True:
         try:
-            return _steps(graph, chosen, unfusable, renders, library)
+            return _steps(graph, chosen, unfusable, renders, library, registers)
         except _Refuse as refused:
             (unfusable if refused.position in chosen else chosen).add(refused.position)
 
 
-def _steps(graph, chosen, unfusable, renders, library):
+def _steps(graph, chosen, unfusable, renders, library, registers):
     contractions = {}
     for k in sorted(chosen) if library else ():
         try:
@@ -81,7 +81,7 @@ def _steps(graph, chosen, unfusable, renders, library):
         epilogue_reduce = [r for r, reader in fused.items() if reader == k]
         if len(epilogue_reduce) > 1:          # at most one reduction per kernel
             raise _Refuse(epilogue_reduce[1])
-        steps.append(_Lowering(graph, chosen, k, epilogue_reduce, renders).kernel())
+        steps.append(_Lowering(graph, chosen, k, epilogue_reduce, renders, registers).kernel())
     return steps
 
 
@@ -130,8 +130,9 @@ def _size(expr):
 
 
 class _Lowering:
-    def __init__(self, graph, chosen, root, epilogue_reduce, renders=None):
+    def __init__(self, graph, chosen, root, epilogue_reduce, renders=None, registers=ACC_REGISTERS):
         self.graph, self.chosen, self.root, self.renders = graph, chosen, root, renders
+        self.registers = registers
         self.fused_reduce = epilogue_reduce[0] if epilogue_reduce else None
         self.params, self.param_of, self.sites, self.memo = [], {}, [], {}
         self.extents, self.accumulator = {}, None
@@ -283,7 +284,7 @@ class _Lowering:
 
     def loop_nest(self, node, store):
         """Loops over the output around `store`, with the reduction (if any) inside (nest.py)."""
-        return Nest(self.extents, self.accumulator).loops(node, store, self.reduce_parts)
+        return Nest(self.extents, self.accumulator, self.registers).loops(node, store, self.reduce_parts)
 
     def gathered(self, node, out):
         """A scatter-add whose map can be solved for its source: the same sum as a reduction over

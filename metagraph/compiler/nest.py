@@ -19,8 +19,9 @@ from metagraph.expr import Const, Var, linear_terms, variables
 ROW_MIN, ROW_MAX = 8, 1024   # output rows this long are accumulated whole, their loop innermost
 STRIDE_MAX = 2     # the vectorised loop of a row block may read with this stride (strided convs)
 ACC_MAX = 2048     # elements of a register-blocked accumulator (8 KiB of float32; 16 KiB measured slower)
-# A register tile of at most this many vectors stays in registers for the whole reduction
-# (AVX-512 has 32): matmul 1024^3 went from 78 to 161-176 GFLOP/s with 8 rows x 32 or 64 columns.
+# A register tile of at most ACC_REGISTERS vectors stays in registers for the whole reduction
+# (AVX-512 has 32; a backend may ask for fewer): matmul 1024^3 went from 78 to 161-176 GFLOP/s
+# with 8 rows x 32 or 64 columns under gcc.
 VECTOR_BYTES, ACC_REGISTERS = 64, 32
 
 
@@ -91,10 +92,11 @@ class _Block:
 
 class Nest:
     """Builds loop nests for one kernel: `extents` (loop variable -> extent, updated as variables
-    are split) and the kernel's accumulator (its index is set here) are the lowering's."""
+    are split) and the kernel's accumulator (its index is set here) are the lowering's;
+    `registers` is how many vectors a register tile may fill."""
 
-    def __init__(self, extents, accumulator):
-        self.extents, self.accumulator = extents, accumulator
+    def __init__(self, extents, accumulator, registers=ACC_REGISTERS):
+        self.extents, self.accumulator, self.registers = extents, accumulator, registers
 
     def loops(self, node, store, reduce_parts):
         """Loops over the output around `store`, with the reduction (`reduce_parts`) inside."""
@@ -145,7 +147,7 @@ class Nest:
 
     def register_tile(self, node, value, store, itemsize):
         """The output row alone as the block (a _Block), where an outer output dimension can be
-        register-blocked and rows x row vectors fit ACC_REGISTERS: a row that does not fit is cut
+        register-blocked and rows x row vectors fit `registers`: a row that does not fit is cut
         into the longest tiles that do (a divisor of its length, at least one vector); a row
         shorter than half a vector may be flattened with the rows after it (`flattened`). None
         when no register block applies or no tile fits."""
@@ -155,7 +157,7 @@ class Nest:
             return None
 
         def fits(t):
-            return _vectors(t, itemsize) * blocking[1] <= ACC_REGISTERS
+            return _vectors(t, itemsize) * blocking[1] <= self.registers
         outer = list(range(last))
         if fits(length):
             plane = self.flattened(node, value, store, itemsize, blocking)
@@ -232,7 +234,7 @@ class Nest:
         def score(r):
             lanes = (r - 1) * pitch + width
             vectors = _vectors(lanes, itemsize)
-            fits = vectors * rows <= ACC_REGISTERS
+            fits = vectors * rows <= self.registers
             return fits * r * width * rows / (rows + vectors + rows * vectors)
         best = max((r for r in range(1, height + 1) if height % r == 0), key=score)
         if best == 1 or score(best) <= 0:

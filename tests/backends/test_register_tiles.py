@@ -91,3 +91,9 @@ def test_flattened_conv_gradients_match_the_oracle(backend):
     w = _data(16, 24, 3, 3, dtype=np.float64).requires_grad_(True)
     gx, gw = mg.grad((F.conv2d(x, w, padding=1) ** 2).sum(), [x, w])
     against_oracle(backend, [gx.node, gw.node])
+
+
+def test_a_backend_may_ask_for_smaller_register_tiles():
+    out = _data(64, 24) @ _data(24, 1024)
+    kernel = schedule(pending_graph([out.node]), registers=16)[0].kernel
+    assert _register_tile(kernel) == (8, 32)

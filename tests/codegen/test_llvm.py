@@ -1,4 +1,5 @@
-"""The llvm backend without an OpenMP runtime: outer loops run whole on the calling thread."""
+"""The llvm backend: without an OpenMP runtime outer loops run whole on the calling thread; an
+accumulated product is one fused multiply-add, as in the C backend."""
 import numpy as np
 
 import metagraph as mg
@@ -21,3 +22,15 @@ def test_without_libgomp_parallel_loops_run_on_the_calling_thread(tmp_path, monk
     assert "GOMP_parallel" not in backend.render([last])
     np.testing.assert_allclose(backend.realize([out])[0], NumpyBackend().realize([out])[0],
                                rtol=1e-5, atol=1e-6)
+
+
+def test_an_accumulated_product_is_one_fused_multiply_add():
+    needs("llvm")
+    from metagraph.codegen import llvm
+    rng = np.random.default_rng(1)
+    a, b = (mg.tensor(rng.standard_normal(shape).astype(np.float32)) for shape in ((16, 5), (5, 64)))
+    kernel = schedule(pending_graph([(a @ b).node]))[-1].kernel
+    source = llvm.render([kernel])
+    body = source[source.index(f"define internal void @{kernel.name}"):]
+    assert "call float @llvm.fma.f32(" in body and "fmul" not in body
+    assert source.count("declare float @llvm.fma.f32(") == 1
