@@ -20,8 +20,8 @@ ROW_MIN, ROW_MAX = 8, 1024   # output rows this long are accumulated whole, thei
 STRIDE_MAX = 2     # the vectorised loop of a row block may read with this stride (strided convs)
 ACC_MAX = 2048     # elements of a register-blocked accumulator (8 KiB of float32; 16 KiB measured slower)
 # A register tile of at most ACC_REGISTERS vectors stays in registers for the whole reduction
-# (AVX-512 has 32; a backend may ask for fewer): matmul 1024^3 went from 78 to 161-176 GFLOP/s
-# with 8 rows x 32 or 64 columns under gcc.
+# (AVX-512 has 32; a backend may ask for fewer): matmul 1024^3 went from 78-88 to 117-160
+# GFLOP/s with 8 rows x 64 columns under gcc.
 VECTOR_BYTES, ACC_REGISTERS = 64, 32
 
 
