@@ -94,6 +94,7 @@ class CompiledBackend:
     renders = None      # the table ops this backend renders (None: every row); lowering decomposes
                         # the others (compiler/decompose.py)
     accumulator_registers = ACC_REGISTERS   # vector registers a register tile may fill
+    read_slack = executor.SLACK_BYTES       # bytes past a buffer's end that kernels may read
 
     def __init__(self, cache):
         self.schedules = {}
@@ -160,7 +161,8 @@ class CompiledBackend:
         key = (graph.key, flags.LIBRARY)
         entry = self.schedules.get(key)
         if entry is None:
-            steps = schedule(graph, self.renders, bool(flags.LIBRARY), self.accumulator_registers)
+            steps = schedule(graph, self.renders, bool(flags.LIBRARY), self.accumulator_registers,
+                             self.read_slack)
             if flags.DEBUG >= 3:
                 print("metagraph: new schedule\n" + "\n".join(
                     f"  {k}: {n.op} {n.shape} {n.dtype.name} <- "

@@ -41,19 +41,20 @@ class _Refuse(Exception):
         self.position = position
 
 
-def schedule(graph, renders=None, library=False, registers=ACC_REGISTERS):
+def schedule(graph, renders=None, library=False, registers=ACC_REGISTERS, slack=0):
     """The kernel launches that compute graph's outputs, in order (`renders`: the table ops the
     backend renders, None for all; the others are decomposed; `library`: contractions go to a
-    library, see contraction.py; `registers`: vector registers a register tile may fill)."""
+    library, see contraction.py; `registers`: vector registers a register tile may fill;
+    `slack`: bytes past its end that a buffer the schedule allocates can be read, unused)."""
     chosen, unfusable = materialised(graph), set()
     while True:
         try:
-            return _steps(graph, chosen, unfusable, renders, library, registers)
+            return _steps(graph, chosen, unfusable, renders, library, registers, slack)
         except _Refuse as refused:
             (unfusable if refused.position in chosen else chosen).add(refused.position)
 
 
-def _steps(graph, chosen, unfusable, renders, library, registers):
+def _steps(graph, chosen, unfusable, renders, library, registers, slack):
     contractions = {}
     for k in sorted(chosen) if library else ():
         try:
@@ -81,7 +82,7 @@ def _steps(graph, chosen, unfusable, renders, library, registers):
         epilogue_reduce = [r for r, reader in fused.items() if reader == k]
         if len(epilogue_reduce) > 1:          # at most one reduction per kernel
             raise _Refuse(epilogue_reduce[1])
-        steps.append(_Lowering(graph, chosen, k, epilogue_reduce, renders, registers).kernel())
+        steps.append(_Lowering(graph, chosen, k, epilogue_reduce, renders, registers, slack).kernel())
     return steps
 
 
@@ -130,9 +131,10 @@ def _size(expr):
 
 
 class _Lowering:
-    def __init__(self, graph, chosen, root, epilogue_reduce, renders=None, registers=ACC_REGISTERS):
+    def __init__(self, graph, chosen, root, epilogue_reduce, renders=None, registers=ACC_REGISTERS,
+                 slack=0):
         self.graph, self.chosen, self.root, self.renders = graph, chosen, root, renders
-        self.registers = registers
+        self.registers, self.slack = registers, slack
         self.fused_reduce = epilogue_reduce[0] if epilogue_reduce else None
         self.params, self.param_of, self.sites, self.memo = [], {}, [], {}
         self.extents, self.accumulator = {}, None
@@ -284,7 +286,14 @@ class _Lowering:
 
     def loop_nest(self, node, store):
         """Loops over the output around `store`, with the reduction (if any) inside (nest.py)."""
-        return Nest(self.extents, self.accumulator, self.registers).loops(node, store, self.reduce_parts)
+        nest = Nest(self.extents, self.accumulator, self.registers, self.readable if self.slack else None)
+        return nest.loops(node, store, self.reduce_parts)
+
+    def readable(self, param):
+        """Elements of a parameter a load may touch: a buffer this schedule allocates has `slack`
+        bytes past its end; one that existed before (a user's array) has none."""
+        node = self.graph.nodes[self.params[param][0]]
+        return node.numel + (self.slack // node.dtype.itemsize if node.buffer is None else 0)
 
     def gathered(self, node, out):
         """A scatter-add whose map can be solved for its source: the same sum as a reduction over

@@ -8,6 +8,10 @@ from metagraph import flags
 from metagraph.errors import MetagraphError, at
 from metagraph.runtime import profiler
 
+# Every buffer run() allocates has this many zero bytes past its end, which kernels may read (a
+# register tile's lanes past its row) and never write: the schedule is told so (lower.schedule).
+SLACK_BYTES = 128
+
 
 def run(graph, steps, functions, sources, oracle=None):
     """Launch every step; returns every array computed or read, by graph position."""
@@ -16,7 +20,7 @@ def run(graph, steps, functions, sources, oracle=None):
     error = np.zeros(1, dtype=np.int64)
     for step, function, source in zip(steps, functions, sources):
         node = graph.nodes[step.positions[0]]
-        out = np.empty(node.shape, dtype=node.dtype.np)
+        out = allocate(node.shape, node.dtype.np)
         buffers[step.positions[0]] = out
         arrays = [buffers[k] for k in step.positions]
         start = time.perf_counter()
@@ -37,6 +41,14 @@ def run(graph, steps, functions, sources, oracle=None):
             if graph.nodes[k].buffer is None:
                 report.free(buffers[k].nbytes)
     return buffers
+
+
+def allocate(shape, dtype):
+    """An uninitialised array of `shape` and `dtype`, followed by SLACK_BYTES zero bytes."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + SLACK_BYTES, dtype=np.uint8)
+    raw[nbytes:] = 0
+    return raw[:nbytes].view(dtype).reshape(shape)
 
 
 def _raise(graph, step, site):
