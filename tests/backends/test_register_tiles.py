@@ -12,6 +12,7 @@ from metagraph.compiler import ir
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import schedule
 from metagraph.compiler.nest import ACC_REGISTERS, VECTOR_BYTES
+from metagraph.expr import Var, linear_terms
 from tests.backends.conftest import BACKENDS, against_oracle
 
 R = np.random.default_rng(11)
@@ -49,6 +50,10 @@ TILED = {    # name: graph; every one has a register-blocked reduction
     "conv 1x1 plane": lambda: F.conv2d(_data(2, 30, 3, 3), _data(16, 30, 3, 3)),
     "conv 2x2 plane with bias and relu": lambda: F.relu(
         F.conv2d(_data(2, 64, 2, 2), _data(8, 64, 3, 3), _data(8), padding=1)),
+    "conv 14x14 plane (16 lanes where buffers have slack)": lambda: F.conv2d(
+        _data(2, 8, 14, 14), _data(8, 8, 3, 3), padding=1),
+    "conv 11x13 plane at stride 2, then a max-pool": lambda: F.max_pool2d(
+        F.conv2d(_data(2, 8, 21, 25), _data(8, 8, 3, 3), stride=2, padding=1), 3, 2, 1),
 }
 
 
@@ -68,8 +73,11 @@ def test_register_tiles_fit_the_registers(name):
         assert (rows, lanes) == (8, 64)
     if "7x7" in name:
         assert lanes == 6 * 9 + 7     # the padded copy's pitch is 9: one loop over the plane
-    if "stride 2" in name:
-        assert lanes == (5 - 1) * 7 + 3 and rows == 8
+    if "5x3" in name:     # the copy is split into column phases, each read at unit stride;
+        assert lanes == 3 and rows == 8    # its rows are 16 apart, too far to flatten 3-wide ones
+        loads = [v for a in next(_vector_loops(kernel.body)).body for v in ir.loads(a.value)]
+        lane = next(_vector_loops(kernel.body)).var
+        assert all(linear_terms(load.index)[0].get(Var(lane), 0) in (0, 1) for load in loads)
 
 
 def test_a_plane_is_flattened_only_over_an_unguarded_read():
@@ -97,3 +105,44 @@ def test_a_backend_may_ask_for_smaller_register_tiles():
     out = _data(64, 24) @ _data(24, 1024)
     kernel = schedule(pending_graph([out.node]), registers=16)[0].kernel
     assert _register_tile(kernel) == (8, 32)
+
+
+def _lanes(out, slack):
+    """(lanes accumulated, lanes stored) of the first reduction kernel's register tile."""
+    kernel = next(step.kernel for step in schedule(pending_graph([out.node]), slack=slack)
+                  if step.kernel.name.startswith("r_"))
+    return _register_tile(kernel)[1], _last_vector_loop(kernel.body).extent
+
+
+def _last_vector_loop(statements):
+    """The last vectorised loop of a kernel (its store's, after a reduction)."""
+    found = None
+    for s in statements:
+        if isinstance(s, ir.Loop):
+            found = _last_vector_loop(s.body) or (s if s.kind == ir.VECTOR else found)
+    return found
+
+
+def test_a_row_whose_tail_takes_several_partial_vectors_is_rounded_up_to_whole_vectors():
+    conv14 = F.conv2d(_data(2, 8, 14, 14), _data(8, 8, 3, 3), padding=1)
+    assert _lanes(conv14, slack=128) == (16, 14)     # 8 + 4 + 2 lanes become one vector
+    assert _lanes(conv14, slack=0) == (14, 14)       # without slack the last lanes would overrun
+    conv56 = F.conv2d(_data(1, 4, 4, 56), _data(8, 4, 3, 3), padding=1)
+    assert _lanes(conv56, slack=128) == (56, 56)     # 48 + 8: one half vector stays
+    user_rows = _data(16, 8) @ _data(8, 14)          # a user's array has no slack: not rounded
+    assert _lanes(user_rows, slack=128) == (14, 14)
+    strided = F.conv2d(_data(2, 8, 28, 28), _data(8, 8, 3, 3), stride=2, padding=1)
+    assert _lanes(strided, slack=128) == (16, 14)    # read in column phases, at unit stride
+
+
+def _copy_kernel(out):
+    return schedule(pending_graph([out.node]))[0].kernel.name
+
+
+def test_a_strided_window_reads_its_padded_copy_in_column_phases():
+    x, w = _data(1, 8, 40, 40), _data(8, 8, 3, 3)
+    assert _copy_kernel(F.max_pool2d(x, 3, 2, 1)).startswith("e_1x8x41x2x21_")  # 2 phases of 21
+    assert _copy_kernel(F.conv2d(x, w, stride=2, padding=1)).startswith("e_1x8x41x2x21_")
+    # a weight gradient would read the window across phases: the copy keeps its columns whole
+    trained = F.conv2d(x, w.requires_grad_(True), stride=2, padding=1)
+    assert _copy_kernel(trained).startswith("e_1x8x41x42_")
