@@ -173,8 +173,11 @@ class Renderer:
             target = f"{s.name}[{self.index(s.index)}]"
             product = fused_product(s, self.accumulators[s.name].dtype)
             if product is not None:
-                a, b = (self.value(arg, lines, names) for arg in product)
-                lines.append(f"{target} = {FMA[s.value.dtype]}({a}, {b}, {target});")
+                a, b = (self.value(arg, lines, names) for arg in product[:2])
+                fma = f"{FMA[self.accumulators[s.name].dtype]}({a}, {b}, {target})"
+                if product[2] is not None:
+                    fma = f"{self.index(product[2])} ? {fma} : {target}"
+                lines.append(f"{target} = {fma};")
             else:
                 v = self.value(s.value, lines, names)
                 lines.append(self.combine(target, s.op, v, s.value.dtype))

@@ -72,15 +72,20 @@ def thread_groups(body):
 
 
 def fused_product(statement, acc_dtype):
-    """(a, b) when an array accumulation adds a product a * b of the accumulator's float type,
-    else None. Code generators render it as one fused multiply-add: each reduction is computed in
-    exactly one kernel, so this stays deterministic (contracting recomputed values did not)."""
-    value = statement.value
+    """(a, b, condition) when an array accumulation adds a product a * b of the accumulator's
+    float type, where `condition` (an index expression) holds if the product sits in a guard with
+    fill 0 (a gathered input gradient's), else None. Code generators render it as one fused
+    multiply-add, made only where the condition holds (a masked one, not a multiply by 0 that an
+    inf would turn into nan): each reduction is computed in exactly one kernel, so this stays
+    deterministic (contracting recomputed values did not)."""
+    value, condition = statement.value, None
+    if isinstance(value, ir.Guard) and value.valid is None and value.check is None and value.fill == 0:
+        value, condition = value.value, value.cond
     if statement.index is None or statement.op != "add" or not isinstance(value, ir.Apply) or \
             value.op != "mul" or value.dtype != acc_dtype or not acc_dtype.is_float or \
             acc_dtype.itemsize < 4:
         return None
-    return value.args
+    return value.args + (condition,)
 
 
 def _work(loop):

@@ -222,11 +222,13 @@ class Renderer(Ops):
             product = fused_product(s, define.dtype)
             if product is not None:
                 t = LTYPE[define.dtype.name]
-                a, b = (self.value(arg, names) for arg in product)
+                a, b = (self.value(arg, names) for arg in product[:2])
                 address = self.slot(s.name, s.index)
                 old = self.instruction(f"load {t}, ptr {address}")
                 fma = self.call(t, f"llvm.fma.{FLOAT_SUFFIX[define.dtype.name]}",
                                 [f"{t} {a}", f"{t} {b}", f"{t} {old}"])
+                if product[2] is not None:
+                    fma = self.instruction(f"select i1 {self.as_bool(product[2])}, {t} {fma}, {t} {old}")
                 self.emit(f"store {t} {fma}, ptr {address}")
             else:
                 v = self.convert(self.value(s.value, names), s.value.dtype, define.dtype)

@@ -34,6 +34,14 @@ def _vector_loops(statements):
             yield from _vector_loops(s.body)
 
 
+def _reduction_loops(statements):
+    for s in statements:
+        if isinstance(s, ir.Loop):
+            if s.kind == ir.REDUCE:
+                yield s
+            yield from _reduction_loops(s.body)
+
+
 def _register_tile(kernel):
     """(accumulations per vector step, lanes of the vectorised loop) of a reduction kernel."""
     loop = next(_vector_loops(kernel.body))
@@ -62,8 +70,9 @@ def test_register_tiles_fit_the_registers(name):
     out = TILED[name]()
     kernel = next(k for k in _kernels(out) if k.name.startswith("r_"))
     loops = list(_vector_loops(kernel.body))
-    if "1x1 plane" in name:
-        assert not loops             # a dot product per output element
+    if "1x1 plane" in name:          # a dot product per output element, over 30 x 3 x 3 products
+        assert not loops             # in one loop: they are contiguous in both operands
+        assert [s.extent for s in _reduction_loops(kernel.body)] == [270]
         return
     rows, lanes = _register_tile(kernel)
     itemsize = out.dtype.itemsize
@@ -146,3 +155,11 @@ def test_a_strided_window_reads_its_padded_copy_in_column_phases():
     # a weight gradient would read the window across phases: the copy keeps its columns whole
     trained = F.conv2d(x, w.requires_grad_(True), stride=2, padding=1)
     assert _copy_kernel(trained).startswith("e_1x8x41x42_")
+
+
+def test_reduction_loops_merge_only_where_both_operands_read_them_as_one_range():
+    a = _data(6, 5, 7)
+    rows = _kernels(a.sum((1, 2)))[0]                       # contiguous: one loop of 35
+    assert [s.extent for s in _reduction_loops(rows.body)] == [35]
+    swapped = _kernels(a.permute(0, 2, 1).sum((1, 2)))[0]    # reads 5 x 7 transposed: kept apart
+    assert sorted(s.extent for s in _reduction_loops(swapped.body)) == [5, 7]

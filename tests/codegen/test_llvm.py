@@ -1,5 +1,6 @@
 """The llvm backend: without an OpenMP runtime outer loops run whole on the calling thread; an
-accumulated product is one fused multiply-add, as in the C backend."""
+accumulated product is one fused multiply-add, as in the C backend, and a guarded one is made
+only where its guard holds."""
 import numpy as np
 
 import metagraph as mg
@@ -34,3 +35,25 @@ def test_an_accumulated_product_is_one_fused_multiply_add():
     body = source[source.index(f"define internal void @{kernel.name}"):]
     assert "call float @llvm.fma.f32(" in body and "fmul" not in body
     assert source.count("declare float @llvm.fma.f32(") == 1
+
+
+def _gathered_input_gradient():
+    rng = np.random.default_rng(2)
+    x = mg.tensor(rng.standard_normal((2, 3, 6, 6)).astype(np.float32), requires_grad=True)
+    w = mg.tensor(rng.standard_normal((8, 3, 3, 3)).astype(np.float32))
+    (gx,) = mg.grad(F.conv2d(x, w, padding=1).sum(), [x])
+    return next(s.kernel for s in schedule(pending_graph([gx.node])) if s.kernel.name.startswith("g_"))
+
+
+def test_a_guarded_product_is_a_multiply_add_made_only_where_the_guard_holds():
+    # a gathered input gradient: outside the output nothing is added (not 0 * w, nan for w = inf)
+    from metagraph.codegen import c
+    kernel = _gathered_input_gradient()
+    assert "? fmaf(" in c.render([kernel])
+    needs("llvm")
+    from metagraph.codegen import llvm
+    source = llvm.render([kernel])
+    body = source[source.index(f"define internal void @{kernel.name}"):]
+    assert "call float @llvm.fma.f32(" in body and "fmul" not in body
+    fma = body.index("@llvm.fma.f32(")
+    assert "select i1" in body[fma:body.index("store float", fma)]    # before the sum is stored
