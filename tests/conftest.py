@@ -3,6 +3,10 @@ import pytest
 
 import metagraph as mg
 
+# No tuning in the suite (it would compile variants of every slow kernel run twice); the tuning
+# tests turn it on themselves.
+mg.flags.TUNE = 0
+
 
 @pytest.fixture
 def rng():

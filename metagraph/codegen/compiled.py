@@ -16,6 +16,7 @@ import numpy as np
 from metagraph import flags
 from metagraph.codegen import library
 from metagraph.codegen.interpreter import NumpyBackend
+from metagraph.codegen.tuning import Tuner
 from metagraph.compiler import ir
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import schedule
@@ -105,6 +106,7 @@ class CompiledBackend:
         self.schedules = {}
         self.cache = cache                # runtime.cache.KernelCache
         self.functions = {}               # kernel key -> callable
+        self.tuner = Tuner(self)
 
     # ---- what a code generator provides ---------------------------------------------------
     def render(self, kernels):
@@ -167,7 +169,7 @@ class CompiledBackend:
         entry = self.schedules.get(key)
         if entry is None:
             steps = schedule(graph, self.renders, bool(flags.LIBRARY), self.accumulator_registers,
-                             self.read_slack)
+                             self.read_slack, tuned=self.tuner if flags.TUNE else None)
             if flags.DEBUG >= 3:
                 print("metagraph: new schedule\n" + "\n".join(
                     f"  {k}: {n.op} {n.shape} {n.dtype.name} <- "
@@ -184,11 +186,16 @@ class CompiledBackend:
                 lines = sorted({at(graph.nodes[step.positions[0]].location) for step in steps})
                 raise type(error)(f"{error}\n(compiling the kernels for values created at "
                                   f"{', '.join(lines)})") from None
-            entry = (steps, functions, sources)
+            entry = [steps, functions, sources, 0]   # runs so far; tuning replaces steps in place
             if len(self.schedules) >= SCHEDULE_CACHE_SIZE:
                 self.schedules.pop(next(iter(self.schedules)))
             self.schedules[key] = entry
-        buffers = executor.run(graph, *entry, oracle=check_against_oracle if flags.CHECK else None)
+        entry[3] += 1
+        seconds = [] if self.tuner.wanted(entry[3]) else None
+        buffers = executor.run(graph, *entry[:3], oracle=check_against_oracle if flags.CHECK else None,
+                               seconds=seconds)
+        if seconds is not None:
+            self.tuner.tune(graph, entry[:3], buffers, seconds)
         # Values that autograd keeps anyway keep their buffers too, so that reading the loss after
         # optimizer.step() (or a gradient after the loss) does not compute the forward pass again.
         for step in entry[0]:

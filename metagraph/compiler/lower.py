@@ -28,6 +28,8 @@ class Step:
     positions: list      # graph position of each kernel parameter (outputs first)
     sites: list          # (error class, message, graph position of the node) per run-time check
     library: object = None   # a contraction.LibraryContraction computed by a library instead
+    lowering: tuple = None   # (root position, fused reductions, materialised positions): `relower`
+    tuned_from: str = None   # the heuristic kernel's name, where tuning chose this one instead
 
     @property
     def name(self):
@@ -41,17 +43,31 @@ class _Refuse(Exception):
         self.position = position
 
 
-def schedule(graph, renders=None, library=False, registers=ACC_REGISTERS, slack=0):
+def schedule(graph, renders=None, library=False, registers=ACC_REGISTERS, slack=0, tuned=None):
     """The kernel launches that compute graph's outputs, in order (`renders`: the table ops the
     backend renders, None for all; the others are decomposed; `library`: contractions go to a
     library, see contraction.py; `registers`: vector registers a register tile may fill;
-    `slack`: bytes past its end that a buffer the schedule allocates can be read, unused)."""
+    `slack`: bytes past its end that a buffer the schedule allocates can be read, unused;
+    `tuned`: kernel name -> (registers, slack) that timing chose for it instead, see tuning.py)."""
     chosen, unfusable = materialised(graph), set()
     while True:
         try:
-            return _steps(graph, chosen, unfusable, renders, library, registers, slack)
+            steps = _steps(graph, chosen, unfusable, renders, library, registers, slack)
+            break
         except _Refuse as refused:
             (unfusable if refused.position in chosen else chosen).add(refused.position)
+    choices = [(tuned or {}).get(step.name) for step in steps]
+    return [step if choice is None or tuple(choice) == (registers, slack) else
+            relower(graph, step, renders, *choice) for step, choice in zip(steps, choices)]
+
+
+def relower(graph, step, renders, registers, slack):
+    """The kernel of `step` (a schedule's, for a graph of the same structure as `graph`) with
+    other register-tile parameters."""
+    root, epilogue_reduce, chosen = step.lowering
+    other = _Lowering(graph, chosen, root, list(epilogue_reduce), renders, registers, slack).kernel()
+    other.lowering, other.tuned_from = step.lowering, step.tuned_from or step.name
+    return other
 
 
 def _steps(graph, chosen, unfusable, renders, library, registers, slack):
@@ -71,7 +87,7 @@ def _steps(graph, chosen, unfusable, renders, library, registers, slack):
             (reader,) = readers[k]
             if graph.nodes[reader].op not in ("reduce", "reindex_reduce", "contiguous"):
                 fused[k] = reader
-    steps = []
+    steps, frozen = [], frozenset(chosen)
     for k in sorted(chosen):
         if k in fused:
             continue
@@ -82,7 +98,9 @@ def _steps(graph, chosen, unfusable, renders, library, registers, slack):
         epilogue_reduce = [r for r, reader in fused.items() if reader == k]
         if len(epilogue_reduce) > 1:          # at most one reduction per kernel
             raise _Refuse(epilogue_reduce[1])
-        steps.append(_Lowering(graph, chosen, k, epilogue_reduce, renders, registers, slack).kernel())
+        step = _Lowering(graph, frozen, k, epilogue_reduce, renders, registers, slack).kernel()
+        step.lowering = (k, tuple(epilogue_reduce), frozen)
+        steps.append(step)
     return steps
 
 

@@ -5,7 +5,8 @@ Layout under the cache directory:  batch-<hash>.c (the source a person can read:
 holding that kernel and the binary's SHA-256. The key hashes the kernel's source with the toolchain identity (compiler,
 version, flags, target CPU) and CACHE_VERSION. Every file is written to a temporary name and
 renamed, so a killed process leaves no half-written entry; an entry whose object is missing or
-does not match its hash is rebuilt.
+does not match its hash is rebuilt. tuning/<key of a kernel name> holds the tile parameters that
+timing chose for that kernel (codegen/tuning.py), as text.
 """
 import hashlib
 import os
@@ -44,6 +45,7 @@ class KernelCache:
         self.identity = identity
         self.source_suffix, self.binary_suffix = source_suffix, binary_suffix
         os.makedirs(os.path.join(directory, "index"), exist_ok=True)
+        os.makedirs(os.path.join(directory, "tuning"), exist_ok=True)
 
     def key(self, kernel_source):
         return hashlib.sha256(f"{CACHE_VERSION}\n{self.identity}\n{kernel_source}".encode()).hexdigest()
@@ -62,6 +64,21 @@ class KernelCache:
         except OSError:
             return None
         return path
+
+    def tuned(self, name):
+        """The text remembered for kernel `name` by `remember` (a tuning choice), or None."""
+        try:
+            with open(self._tuning_path(name)) as entry:
+                return entry.read()
+        except OSError:
+            return None
+
+    def remember(self, name, text):
+        write_atomic(self._tuning_path(name), text)
+
+    def _tuning_path(self, name):
+        key = hashlib.sha256(f"{CACHE_VERSION}\n{self.identity}\n{name}".encode()).hexdigest()
+        return os.path.join(self.directory, "tuning", key)
 
     def build(self, source, keys, compile_shared):
         """Compile `source` once into a shared object and index it under every key."""

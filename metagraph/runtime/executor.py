@@ -13,8 +13,9 @@ from metagraph.runtime import profiler
 SLACK_BYTES = 128
 
 
-def run(graph, steps, functions, sources, oracle=None):
-    """Launch every step; returns every array computed or read, by graph position."""
+def run(graph, steps, functions, sources, oracle=None, seconds=None):
+    """Launch every step; returns every array computed or read, by graph position (and appends
+    each launch's time to `seconds`, a list, when given)."""
     buffers = {k: node.buffer for k, node in enumerate(graph.nodes) if node.buffer is not None}
     report = profiler.current()
     error = np.zeros(1, dtype=np.int64)
@@ -27,6 +28,8 @@ def run(graph, steps, functions, sources, oracle=None):
         if out.size:
             function(arrays, error)
         elapsed = time.perf_counter() - start
+        if seconds is not None:
+            seconds.append(elapsed)
         if report is not None:
             report.allocate(out.nbytes)
             report.kernel(step.name, source, elapsed)

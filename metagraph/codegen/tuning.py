@@ -1,0 +1,103 @@
+"""Autotuning remembered on disk: a register-tiled kernel that takes long enough is timed once in
+a few variants (other register budgets, no rounding up to whole vectors) on the buffers it has
+just run on, and the fastest is remembered in the kernel cache, so that every later schedule and
+every later process uses it without timing again.
+
+Tuning happens on a schedule's second run, never its first (a cold start compiles only the
+heuristic choices), and a process spends at most METAGRAPH_TUNE seconds on it (default 5; 0
+turns it off). Every variant computes each output with the same operations in the same order
+(tiles change which outputs are computed together, not how), so the choice changes speed only.
+"""
+import sys
+import time
+
+import numpy as np
+
+from metagraph import flags
+from metagraph.compiler import ir
+from metagraph.compiler.lower import relower
+from metagraph.runtime import executor
+
+MIN_SECONDS = 1e-3      # kernels faster than this are not worth compiling variants for
+REPEATS = 3             # timed runs of each variant (the fastest counts)
+
+
+def tunable(step):
+    """Whether a step is a generated reduction whose register tile has parameters to choose."""
+    def accumulates(statements):
+        return any(isinstance(s, ir.Define) and s.size is not None or
+                   isinstance(s, ir.Loop) and accumulates(s.body) for s in statements)
+    return step.library is None and step.lowering is not None and accumulates(step.kernel.body)
+
+
+class Tuner:
+    """A backend's tuning: its remembered choices (in the kernel cache) and this process's time."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.cache = backend.cache
+        self.spent = 0.0
+
+    def default(self):
+        return (self.backend.accumulator_registers, self.backend.read_slack)
+
+    def candidates(self):
+        registers, slack = self.default()
+        return [(registers, slack), (registers // 2, slack), (registers * 3 // 4, slack), (registers, 0)]
+
+    def get(self, name):
+        """The (registers, slack) remembered for the kernel `name`, or None."""
+        text = self.cache.tuned(name)
+        return None if text is None else tuple(int(part) for part in text.split())
+
+    def wanted(self, run):
+        """Whether a schedule's `run`-th run (from 1) should be timed for tuning: its second."""
+        return flags.TUNE > 0 and run == 2 and self.spent < flags.TUNE
+
+    def tune(self, graph, entry, buffers, seconds):
+        """Time variants of the slow, undecided kernels of a schedule `entry` (steps, functions,
+        sources; replaced in place by the winners) on `buffers`, as long as the budget lasts."""
+        steps, functions, sources = entry
+        for i, step in enumerate(steps):
+            if self.spent >= flags.TUNE:
+                return
+            name = step.tuned_from or step.name
+            if seconds[i] < MIN_SECONDS or not tunable(step) or self.get(name) is not None:
+                continue
+            start = time.perf_counter()
+            best = self.fastest(graph, step, buffers)
+            self.spent += time.perf_counter() - start
+            self.cache.remember(name, " ".join(map(str, best[0])))
+            steps[i], functions[i], sources[i] = best[1:]
+            if flags.DEBUG:
+                print(f"metagraph: tuned {name}: registers, slack = {best[0]} "
+                      f"({self.spent:.1f} s of {flags.TUNE:g} spent)", file=sys.stderr)
+
+    def fastest(self, graph, step, buffers):
+        """(choice, step, function, source) of the fastest variant of `step`."""
+        variants, seen = [], set()
+        for choice in self.candidates():
+            other = relower(graph, step, self.backend.renders, *choice)
+            source = self.backend.render([other.kernel])
+            if source not in seen:
+                seen.add(source)
+                variants.append((choice, other))
+        functions, sources = self.backend.load([other.kernel for _, other in variants])
+        timed = []
+        for (choice, other), function, source in zip(variants, functions, sources):
+            timed.append((self.time(function, other, graph, buffers), choice, other, function, source))
+        _, choice, other, function, source = min(timed, key=lambda t: t[0])
+        return choice, other, function, source
+
+    @staticmethod
+    def time(function, step, graph, buffers):
+        node = graph.nodes[step.positions[0]]
+        arrays = [executor.allocate(node.shape, node.dtype.np)] + [buffers[k] for k in step.positions[1:]]
+        error = np.zeros(1, dtype=np.int64)
+        function(arrays, error)        # warm
+        best = float("inf")
+        for _ in range(REPEATS):
+            start = time.perf_counter()
+            function(arrays, error)
+            best = min(best, time.perf_counter() - start)
+        return best

@@ -1,0 +1,88 @@
+"""Autotuning remembered on disk: a schedule's second run times variants of its slow register
+tiles and keeps the fastest in the kernel cache; a later process uses it without timing; the
+variants compute the same numbers; METAGRAPH_TUNE=0 and the time budget are honoured."""
+import os
+
+import numpy as np
+import pytest
+
+import metagraph as mg
+import metagraph.nn.functional as F
+from metagraph.codegen import tuning
+from metagraph.codegen.interpreter import NumpyBackend
+from tests.helpers import needs
+
+
+def _conv():
+    rng = np.random.default_rng(5)
+    x = mg.tensor(rng.standard_normal((2, 8, 14, 14)).astype(np.float32))
+    w = mg.tensor(rng.standard_normal((16, 8, 3, 3)).astype(np.float32))
+    return F.relu(F.conv2d(x, w, padding=1))
+
+
+@pytest.fixture
+def fresh_backend(tmp_path, monkeypatch):
+    """A factory of C backends over one empty cache directory (each one a new process's)."""
+    needs("c")
+    from metagraph.codegen.c import CBackend
+    monkeypatch.setattr(mg.flags, "CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(mg.flags, "TUNE", 30)
+    monkeypatch.setattr(tuning, "MIN_SECONDS", 0.0)      # the test's kernels are fast
+    return CBackend
+
+
+def _remembered(backend):
+    return sorted(os.listdir(os.path.join(backend.cache.directory, "tuning")))
+
+
+def _steps(backend):
+    (steps, _, _, _), = backend.schedules.values()
+    return steps
+
+
+def test_the_second_run_tunes_and_a_later_process_uses_the_choice(fresh_backend, monkeypatch):
+    # time every variant but the heuristic one as faster, so that the choice differs from it
+    monkeypatch.setattr(tuning.Tuner, "time", staticmethod(
+        lambda function, step, graph, buffers: 1.0 if step.kernel.name == step.tuned_from else 0.5))
+    want = NumpyBackend().realize([_conv().node])[0]
+    first = fresh_backend()
+    np.testing.assert_allclose(first.realize([_conv().node])[0], want, rtol=1e-5, atol=1e-5)
+    assert _remembered(first) == []                      # a first run never tunes
+    np.testing.assert_allclose(first.realize([_conv().node])[0], want, rtol=1e-5, atol=1e-5)
+    assert len(_remembered(first)) == 1 and first.tuner.spent > 0
+    tuned = [step.kernel.name for step in _steps(first) if step.tuned_from is not None]
+    assert len(tuned) == 1                               # the conv's variant replaced it
+    np.testing.assert_allclose(first.realize([_conv().node])[0], want, rtol=1e-5, atol=1e-5)
+
+    later = fresh_backend()                              # another process, the same cache
+    for _ in range(3):
+        np.testing.assert_allclose(later.realize([_conv().node])[0], want, rtol=1e-5, atol=1e-5)
+    assert later.tuner.spent == 0                        # remembered: nothing is timed again
+    assert [step.kernel.name for step in _steps(later) if step.tuned_from] == tuned
+
+
+def test_every_variant_computes_the_same_numbers(fresh_backend, monkeypatch):
+    monkeypatch.setattr(mg.flags, "TUNE", 0)
+    results, names = [], set()
+    for registers, slack in fresh_backend().tuner.candidates():
+        backend = fresh_backend()
+        backend.accumulator_registers, backend.read_slack = registers, slack
+        results.append(backend.realize([_conv().node])[0])
+        names |= {step.kernel.name for step in _steps(backend) if tuning.tunable(step)}
+    assert len(names) > 1                                # the candidates are different kernels
+    for result in results[1:]:
+        np.testing.assert_array_equal(result, results[0])
+
+
+def test_tuning_off_or_out_of_time_times_nothing(fresh_backend, monkeypatch):
+    monkeypatch.setattr(mg.flags, "TUNE", 0)
+    backend = fresh_backend()
+    for _ in range(3):
+        backend.realize([_conv().node])
+    assert _remembered(backend) == [] and backend.tuner.spent == 0
+    monkeypatch.setattr(mg.flags, "TUNE", 30)
+    spent = fresh_backend()
+    spent.tuner.spent = 30.0                             # this process's budget is used up
+    for _ in range(3):
+        spent.realize([_conv().node])
+    assert _remembered(spent) == []
