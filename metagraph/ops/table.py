@@ -252,7 +252,25 @@ def inverse_view(g, x_shape, y_shape, index_map):
             inverse.append(Select(Binary("==", offset % scale, Const(0)), offset // scale, Const(-1)))
     for d, c in fixed:      # an input dimension read at one index gets gradient only there
         inverse[0] = Select(Binary("==", Var(d), Const(c)), inverse[0], Const(-1))
-    return apply("reindex", g, shape=x_shape, index_map=tuple(inverse), fill=0, checked=False)
+    return _shifted_scatter(g, x_shape, inverse) or \
+        apply("reindex", g, shape=x_shape, index_map=tuple(inverse), fill=0, checked=False)
+
+
+def _shifted_scatter(g, shape, index_map):
+    """A scatter-add read back at a shifted sub-box (a padded view's gradient, after the gradient
+    of the window that read it) as the same scatter shifted straight into the sub-box: a conv's
+    input gradient is then summed over the input's shape, not its padded copy's (4x4, not 6x6).
+    None unless g is such a scatter and the map a pure shift."""
+    if g.op != "reindex_reduce" or g.attrs["op"] != "add" or g.attrs["checked"] or len(g.inputs) > 1:
+        return None
+    shifts = []
+    for d, expr in enumerate(index_map):
+        terms, const = linear_terms(expr)
+        if terms != {Var(d): 1}:
+            return None
+        shifts.append(const)
+    return apply("reindex_reduce", g.inputs[0], op="add", shape=tuple(shape), checked=False,
+                 index_map=tuple(e - c if c else e for e, c in zip(g.attrs["index_map"], shifts)))
 
 
 def reindex_reduce_grad(g, y, x, *extras):
