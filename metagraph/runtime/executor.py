@@ -1,4 +1,5 @@
 """Runs a schedule: allocates each kernel's output, launches it, reports run-time errors."""
+import math
 import sys
 import time
 
@@ -47,11 +48,14 @@ def run(graph, steps, functions, sources, oracle=None, seconds=None):
 
 
 def allocate(shape, dtype):
-    """An uninitialised array of `shape` and `dtype`, followed by SLACK_BYTES zero bytes."""
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(nbytes + SLACK_BYTES, dtype=np.uint8)
-    raw[nbytes:] = 0
-    return raw[:nbytes].view(dtype).reshape(shape)
+    """An uninitialised array of `shape` and `dtype`, followed by SLACK_BYTES zero bytes (every
+    itemsize divides SLACK_BYTES)."""
+    numel = math.prod(shape)
+    if numel < 4096:        # small: one call is cheaper than clearing the tail (a launch's cost)
+        return np.zeros(numel + SLACK_BYTES // dtype.itemsize, dtype=dtype)[:numel].reshape(shape)
+    raw = np.empty(numel + SLACK_BYTES // dtype.itemsize, dtype=dtype)
+    raw[numel:] = 0
+    return raw[:numel].reshape(shape)
 
 
 def _raise(graph, step, site):
