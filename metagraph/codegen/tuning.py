@@ -4,8 +4,8 @@ just run on, and the fastest is remembered in the kernel cache, so that every la
 every later process uses it without timing again.
 
 Tuning happens on a schedule's second run, never its first (a cold start compiles only the
-heuristic choices), and a process spends at most METAGRAPH_TUNE seconds on it (default 5; 0
-turns it off). Every variant computes each output with the same operations in the same order
+heuristic choices), and a process starts tuning no kernel once it has spent METAGRAPH_TUNE
+seconds on it (default 5; 0 turns it off; one kernel's variants take 0.1-0.5 s). Every variant computes each output with the same operations in the same order
 (tiles change which outputs are computed together, not how), so the choice changes speed only.
 """
 import sys
@@ -38,11 +38,8 @@ class Tuner:
         self.cache = backend.cache
         self.spent = 0.0
 
-    def default(self):
-        return (self.backend.accumulator_registers, self.backend.read_slack)
-
     def candidates(self):
-        registers, slack = self.default()
+        registers, slack = self.backend.accumulator_registers, self.backend.read_slack
         return [(registers, slack), (registers // 2, slack), (registers * 3 // 4, slack), (registers, 0)]
 
     def get(self, name):
