@@ -9,6 +9,7 @@ once) and loads them.
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import jinja2
 import numpy as np
@@ -19,7 +20,7 @@ from metagraph.codegen.interpreter import NumpyBackend
 from metagraph.codegen.tuning import Tuner
 from metagraph.compiler import ir
 from metagraph.compiler.graph import pending_graph
-from metagraph.compiler.lower import schedule
+from metagraph.compiler.lower import Target, schedule
 from metagraph.compiler.nest import ACC_REGISTERS
 from metagraph.errors import MetagraphError, at
 from metagraph.runtime import executor, profiler
@@ -94,6 +95,16 @@ def _work(loop):
     return loop.extent * max([_work(s) for s in inner] or [1])
 
 
+@dataclass
+class Schedule:
+    """A graph structure's kernel launches: steps with their callables and sources (tuning may
+    replace a step in place) and how many times it has run."""
+    steps: list
+    functions: list
+    sources: list
+    runs: int = 0
+
+
 class CompiledBackend:
     name = None
     compile_jobs = flags.NUM_THREADS     # toolchain calls that may run at once
@@ -107,6 +118,11 @@ class CompiledBackend:
         self.cache = cache                # runtime.cache.KernelCache
         self.functions = {}               # kernel key -> callable
         self.tuner = Tuner(self)
+
+    @property
+    def target(self):
+        """What this backend offers lowering (compiler/lower.py)."""
+        return Target(self.renders, self.accumulator_registers, self.read_slack)
 
     # ---- what a code generator provides ---------------------------------------------------
     def render(self, kernels):
@@ -168,8 +184,8 @@ class CompiledBackend:
         key = (graph.key, flags.LIBRARY)
         entry = self.schedules.get(key)
         if entry is None:
-            steps = schedule(graph, self.renders, bool(flags.LIBRARY), self.accumulator_registers,
-                             self.read_slack, tuned=self.tuner if flags.TUNE else None)
+            steps = schedule(graph, self.target, bool(flags.LIBRARY),
+                             tuned=self.tuner.get if flags.TUNE else None)
             if flags.DEBUG >= 3:
                 print("metagraph: new schedule\n" + "\n".join(
                     f"  {k}: {n.op} {n.shape} {n.dtype.name} <- "
@@ -186,19 +202,19 @@ class CompiledBackend:
                 lines = sorted({at(graph.nodes[step.positions[0]].location) for step in steps})
                 raise type(error)(f"{error}\n(compiling the kernels for values created at "
                                   f"{', '.join(lines)})") from None
-            entry = [steps, functions, sources, 0]   # runs so far; tuning replaces steps in place
+            entry = Schedule(steps, functions, sources)
             if len(self.schedules) >= SCHEDULE_CACHE_SIZE:
                 self.schedules.pop(next(iter(self.schedules)))
             self.schedules[key] = entry
-        entry[3] += 1
-        seconds = [] if self.tuner.wanted(entry[3]) else None
-        buffers = executor.run(graph, *entry[:3], oracle=check_against_oracle if flags.CHECK else None,
-                               seconds=seconds)
+        entry.runs += 1
+        seconds = [] if self.tuner.wanted(entry.runs) else None
+        buffers = executor.run(graph, entry.steps, entry.functions, entry.sources,
+                               oracle=check_against_oracle if flags.CHECK else None, seconds=seconds)
         if seconds is not None:
-            self.tuner.tune(graph, entry[:3], buffers, seconds)
+            self.tuner.tune(graph, entry, buffers, seconds)
         # Values that autograd keeps anyway keep their buffers too, so that reading the loss after
         # optimizer.step() (or a gradient after the loss) does not compute the forward pass again.
-        for step in entry[0]:
+        for step in entry.steps:
             node = graph.nodes[step.positions[0]]
             if node.requires_grad and node.buffer is None:
                 node.set_buffer(buffers[step.positions[0]])

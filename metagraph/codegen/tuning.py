@@ -10,6 +10,7 @@ seconds on it (default 5; 0 turns it off; one kernel's variants take 0.1-0.5 s).
 """
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -39,22 +40,29 @@ class Tuner:
         self.spent = 0.0
 
     def candidates(self):
-        registers, slack = self.backend.accumulator_registers, self.backend.read_slack
-        return [(registers, slack), (registers // 2, slack), (registers * 3 // 4, slack), (registers, 0)]
+        """The backend's target and its variants: half and three quarters of its register budget,
+        and no reading past buffer ends (so no rounding up to whole vectors)."""
+        target = self.backend.target
+        return [target, replace(target, registers=target.registers // 2),
+                replace(target, registers=target.registers * 3 // 4), replace(target, slack=0)]
 
     def get(self, name):
-        """The (registers, slack) remembered for the kernel `name`, or None."""
+        """The target remembered for the kernel `name` (its register budget and slack as text in
+        the cache), or None."""
         text = self.cache.tuned(name)
-        return None if text is None else tuple(int(part) for part in text.split())
+        if text is None:
+            return None
+        registers, slack = (int(part) for part in text.split())
+        return replace(self.backend.target, registers=registers, slack=slack)
 
     def wanted(self, run):
         """Whether a schedule's `run`-th run (from 1) should be timed for tuning: its second."""
         return flags.TUNE > 0 and run == 2 and self.spent < flags.TUNE
 
     def tune(self, graph, entry, buffers, seconds):
-        """Time variants of the slow, undecided kernels of a schedule `entry` (steps, functions,
-        sources; replaced in place by the winners) on `buffers`, as long as the budget lasts."""
-        steps, functions, sources = entry
+        """Time variants of the slow, undecided kernels of a compiled.Schedule `entry` (replaced
+        in place by the winners) on `buffers`, as long as the budget lasts."""
+        steps, functions, sources = entry.steps, entry.functions, entry.sources
         for i, step in enumerate(steps):
             if self.spent >= flags.TUNE:
                 return
@@ -64,17 +72,17 @@ class Tuner:
             start = time.perf_counter()
             best = self.fastest(graph, step, buffers)
             self.spent += time.perf_counter() - start
-            self.cache.remember(name, " ".join(map(str, best[0])))
+            self.cache.remember(name, f"{best[0].registers} {best[0].slack}")
             steps[i], functions[i], sources[i] = best[1:]
             if flags.DEBUG:
-                print(f"metagraph: tuned {name}: registers, slack = {best[0]} "
+                print(f"metagraph: tuned {name}: registers {best[0].registers}, slack {best[0].slack} "
                       f"({self.spent:.1f} s of {flags.TUNE:g} spent)", file=sys.stderr)
 
     def fastest(self, graph, step, buffers):
-        """(choice, step, function, source) of the fastest variant of `step`."""
+        """(target, step, function, source) of the fastest variant of `step`."""
         variants, seen = [], set()
         for choice in self.candidates():
-            other = relower(graph, step, self.backend.renders, *choice)
+            other = relower(graph, step, choice)
             source = self.backend.render([other.kernel])
             if source not in seen:
                 seen.add(source)

@@ -36,6 +36,16 @@ class Step:
         return self.library.name if self.library is not None else self.kernel.name
 
 
+@dataclass(frozen=True)
+class Target:
+    """What the backend offers lowering: the table ops it renders (None: every row; the others
+    are decomposed), how many vector registers a register tile may fill, and how many bytes past
+    the end of a buffer the schedule allocates its kernels may read."""
+    renders: frozenset = None
+    registers: int = ACC_REGISTERS
+    slack: int = 0
+
+
 class _Refuse(Exception):
     """A fusion that turned out not to apply; the caller materialises `position` instead."""
 
@@ -43,34 +53,32 @@ class _Refuse(Exception):
         self.position = position
 
 
-def schedule(graph, renders=None, library=False, registers=ACC_REGISTERS, slack=0, tuned=None):
-    """The kernel launches that compute graph's outputs, in order (`renders`: the table ops the
-    backend renders, None for all; the others are decomposed; `library`: contractions go to a
-    library, see contraction.py; `registers`: vector registers a register tile may fill;
-    `slack`: bytes past its end that a buffer the schedule allocates can be read, unused;
-    `tuned`: kernel name -> (registers, slack) that timing chose for it instead, see tuning.py)."""
+def schedule(graph, target=Target(), library=False, tuned=None):
+    """The kernel launches that compute graph's outputs, in order, for `target` (`library`:
+    contractions go to a library, see contraction.py; `tuned(kernel name)`: the target that
+    timing chose for that kernel instead, or None; see tuning.py)."""
     chosen, unfusable = materialised(graph), set()
     while True:
         try:
-            steps = _steps(graph, chosen, unfusable, renders, library, registers, slack)
+            steps = _steps(graph, chosen, unfusable, target, library)
             break
         except _Refuse as refused:
             (unfusable if refused.position in chosen else chosen).add(refused.position)
-    choices = [(tuned or {}).get(step.name) for step in steps]
-    return [step if choice is None or tuple(choice) == (registers, slack) else
-            relower(graph, step, renders, *choice) for step, choice in zip(steps, choices)]
+    choices = [tuned(step.name) if tuned else None for step in steps]
+    return [step if choice in (None, target) else relower(graph, step, choice)
+            for step, choice in zip(steps, choices)]
 
 
-def relower(graph, step, renders, registers, slack):
-    """The kernel of `step` (a schedule's, for a graph of the same structure as `graph`) with
-    other register-tile parameters."""
+def relower(graph, step, target):
+    """The kernel of `step` (a schedule's, for a graph of the same structure as `graph`) for
+    another target (other register-tile parameters)."""
     root, epilogue_reduce, chosen = step.lowering
-    other = _Lowering(graph, chosen, root, list(epilogue_reduce), renders, registers, slack).kernel()
+    other = _Lowering(graph, chosen, root, list(epilogue_reduce), target).kernel()
     other.lowering, other.tuned_from = step.lowering, step.tuned_from or step.name
     return other
 
 
-def _steps(graph, chosen, unfusable, renders, library, registers, slack):
+def _steps(graph, chosen, unfusable, target, library):
     contractions = {}
     for k in sorted(chosen) if library else ():
         try:
@@ -98,7 +106,7 @@ def _steps(graph, chosen, unfusable, renders, library, registers, slack):
         epilogue_reduce = [r for r, reader in fused.items() if reader == k]
         if len(epilogue_reduce) > 1:          # at most one reduction per kernel
             raise _Refuse(epilogue_reduce[1])
-        step = _Lowering(graph, frozen, k, epilogue_reduce, renders, registers, slack).kernel()
+        step = _Lowering(graph, frozen, k, epilogue_reduce, target).kernel()
         step.lowering = (k, tuple(epilogue_reduce), frozen)
         steps.append(step)
     return steps
@@ -149,10 +157,8 @@ def _size(expr):
 
 
 class _Lowering:
-    def __init__(self, graph, chosen, root, epilogue_reduce, renders=None, registers=ACC_REGISTERS,
-                 slack=0):
-        self.graph, self.chosen, self.root, self.renders = graph, chosen, root, renders
-        self.registers, self.slack = registers, slack
+    def __init__(self, graph, chosen, root, epilogue_reduce, target):
+        self.graph, self.chosen, self.root, self.target = graph, chosen, root, target
         self.fused_reduce = epilogue_reduce[0] if epilogue_reduce else None
         self.params, self.param_of, self.sites, self.memo = [], {}, [], {}
         self.extents, self.accumulator = {}, None
@@ -204,7 +210,7 @@ class _Lowering:
         args = tuple(self.value(source, index, valid) for source in node.inputs)
         site = self.site(MetagraphError, "integer division by zero", node) if node.op in ("idiv", "mod") \
             else None
-        return decompose.apply(node.op, args, node.dtype, site, self.renders)
+        return decompose.apply(node.op, args, node.dtype, site, self.target.renders)
 
     def extras(self, node, expr):
         """Index expression with Extra(k) renumbered to the kernel parameter of extra k."""
@@ -304,14 +310,15 @@ class _Lowering:
 
     def loop_nest(self, node, store):
         """Loops over the output around `store`, with the reduction (if any) inside (nest.py)."""
-        nest = Nest(self.extents, self.accumulator, self.registers, self.readable if self.slack else None)
+        nest = Nest(self.extents, self.accumulator, self.target.registers,
+                    self.readable if self.target.slack else None)
         return nest.loops(node, store, self.reduce_parts)
 
     def readable(self, param):
         """Elements of a parameter a load may touch: a buffer this schedule allocates has `slack`
         bytes past its end; one that existed before (a user's array) has none."""
         node = self.graph.nodes[self.params[param][0]]
-        return node.numel + (self.slack // node.dtype.itemsize if node.buffer is None else 0)
+        return node.numel + (self.target.slack // node.dtype.itemsize if node.buffer is None else 0)
 
     def gathered(self, node, out):
         """A scatter-add whose map can be solved for its source: the same sum as a reduction over

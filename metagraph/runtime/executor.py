@@ -51,8 +51,6 @@ def allocate(shape, dtype):
     """An uninitialised array of `shape` and `dtype`, followed by SLACK_BYTES zero bytes (every
     itemsize divides SLACK_BYTES)."""
     numel = math.prod(shape)
-    if numel < 4096:        # small: one call is cheaper than clearing the tail (a launch's cost)
-        return np.zeros(numel + SLACK_BYTES // dtype.itemsize, dtype=dtype)[:numel].reshape(shape)
     raw = np.empty(numel + SLACK_BYTES // dtype.itemsize, dtype=dtype)
     raw[numel:] = 0
     return raw[:numel].reshape(shape)

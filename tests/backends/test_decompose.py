@@ -7,7 +7,7 @@ import metagraph as mg
 import metagraph.nn.functional as F
 from metagraph.codegen.c import CBackend
 from metagraph.compiler.graph import pending_graph
-from metagraph.compiler.lower import schedule
+from metagraph.compiler.lower import Target, schedule
 from metagraph.ops.table import TABLE
 from tests.backends.conftest import against_oracle
 from tests.helpers import needs
@@ -51,7 +51,7 @@ def _statement_ops(statements):
 def test_left_out_rows_are_decomposed_exactly(partial, name):
     fn, _, arrays = ROW_CASES[name]
     out = fn(*[mg.tensor(a) for a in arrays]).node
-    kernels = [step.kernel for step in schedule(pending_graph([out]), partial.renders)]
+    kernels = [step.kernel for step in schedule(pending_graph([out]), Target(renders=partial.renders))]
     assert not _statement_ops(kernels[0].body) & WITHOUT
     against_oracle(partial, [out])
 

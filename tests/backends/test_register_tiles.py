@@ -10,7 +10,7 @@ import metagraph as mg
 import metagraph.nn.functional as F
 from metagraph.compiler import ir
 from metagraph.compiler.graph import pending_graph
-from metagraph.compiler.lower import schedule
+from metagraph.compiler.lower import Target, schedule
 from metagraph.compiler.nest import ACC_REGISTERS, VECTOR_BYTES
 from metagraph.expr import Var, linear_terms
 from tests.backends.conftest import BACKENDS, against_oracle
@@ -112,13 +112,13 @@ def test_flattened_conv_gradients_match_the_oracle(backend):
 
 def test_a_backend_may_ask_for_smaller_register_tiles():
     out = _data(64, 24) @ _data(24, 1024)
-    kernel = schedule(pending_graph([out.node]), registers=16)[0].kernel
+    kernel = schedule(pending_graph([out.node]), Target(registers=16))[0].kernel
     assert _register_tile(kernel) == (8, 32)
 
 
 def _lanes(out, slack):
     """(lanes accumulated, lanes stored) of the first reduction kernel's register tile."""
-    kernel = next(step.kernel for step in schedule(pending_graph([out.node]), slack=slack)
+    kernel = next(step.kernel for step in schedule(pending_graph([out.node]), Target(slack=slack))
                   if step.kernel.name.startswith("r_"))
     return _register_tile(kernel)[1], _last_vector_loop(kernel.body).extent
 

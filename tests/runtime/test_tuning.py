@@ -36,8 +36,8 @@ def _remembered(backend):
 
 
 def _steps(backend):
-    (steps, _, _, _), = backend.schedules.values()
-    return steps
+    (entry,) = backend.schedules.values()
+    return entry.steps
 
 
 def test_the_second_run_tunes_and_a_later_process_uses_the_choice(fresh_backend, monkeypatch):
@@ -64,9 +64,9 @@ def test_the_second_run_tunes_and_a_later_process_uses_the_choice(fresh_backend,
 def test_every_variant_computes_the_same_numbers(fresh_backend, monkeypatch):
     monkeypatch.setattr(mg.flags, "TUNE", 0)
     results, names = [], set()
-    for registers, slack in fresh_backend().tuner.candidates():
+    for target in fresh_backend().tuner.candidates():
         backend = fresh_backend()
-        backend.accumulator_registers, backend.read_slack = registers, slack
+        backend.accumulator_registers, backend.read_slack = target.registers, target.slack
         results.append(backend.realize([_conv().node])[0])
         names |= {step.kernel.name for step in _steps(backend) if tuning.tunable(step)}
     assert len(names) > 1                                # the candidates are different kernels
