@@ -6,9 +6,9 @@ void r_4x9_b0ab1a26(char **restrict args, int64_t *restrict err) {
         float acc[9] __attribute__((aligned(64)));
         for (int64_t q = 0; q < 9; q++) acc[q] = ((float)0.0);
         for (int64_t i2 = 0; i2 < 6; i2++) {
+            float t0 = p1[((i0 * 6) + i2)];
             #pragma omp simd
             for (int64_t i1 = 0; i1 < 9; i1++) {
-                float t0 = p1[((i0 * 6) + i2)];
                 float t1 = p2[(i1 + (i2 * 9))];
                 acc[i1] = fmaf(t0, t1, acc[i1]);
             }
