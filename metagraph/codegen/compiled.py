@@ -202,7 +202,7 @@ class CompiledBackend:
                 lines = sorted({at(graph.nodes[step.positions[0]].location) for step in steps})
                 raise type(error)(f"{error}\n(compiling the kernels for values created at "
                                   f"{', '.join(lines)})") from None
-            entry = Schedule(steps, functions, sources)
+            entry = Schedule([step.compiled() for step in steps], functions, sources)
             if len(self.schedules) >= SCHEDULE_CACHE_SIZE:
                 self.schedules.pop(next(iter(self.schedules)))
             self.schedules[key] = entry

@@ -15,7 +15,6 @@ from dataclasses import replace
 import numpy as np
 
 from metagraph import flags
-from metagraph.compiler import ir
 from metagraph.compiler.lower import relower
 from metagraph.runtime import executor
 
@@ -25,10 +24,7 @@ REPEATS = 3             # timed runs of each variant (the fastest counts)
 
 def tunable(step):
     """Whether a step is a generated reduction whose register tile has parameters to choose."""
-    def accumulates(statements):
-        return any(isinstance(s, ir.Define) and s.size is not None or
-                   isinstance(s, ir.Loop) and accumulates(s.body) for s in statements)
-    return step.library is None and step.lowering is not None and accumulates(step.kernel.body)
+    return step.blocked and step.lowering is not None
 
 
 class Tuner:
@@ -73,7 +69,7 @@ class Tuner:
             best = self.fastest(graph, step, buffers)
             self.spent += time.perf_counter() - start
             self.cache.remember(name, f"{best[0].registers} {best[0].slack}")
-            steps[i], functions[i], sources[i] = best[1:]
+            steps[i], functions[i], sources[i] = best[1].compiled(), best[2], best[3]
             if flags.DEBUG:
                 print(f"metagraph: tuned {name}: registers {best[0].registers}, slack {best[0].slack} "
                       f"({self.spent:.1f} s of {flags.TUNE:g} spent)", file=sys.stderr)

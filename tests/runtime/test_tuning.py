@@ -43,14 +43,14 @@ def _steps(backend):
 def test_the_second_run_tunes_and_a_later_process_uses_the_choice(fresh_backend, monkeypatch):
     # time every variant but the heuristic one as faster, so that the choice differs from it
     monkeypatch.setattr(tuning.Tuner, "time", staticmethod(
-        lambda function, step, graph, buffers: 1.0 if step.kernel.name == step.tuned_from else 0.5))
+        lambda function, step, graph, buffers: 1.0 if step.name == step.tuned_from else 0.5))
     want = NumpyBackend().realize([_conv().node])[0]
     first = fresh_backend()
     np.testing.assert_allclose(first.realize([_conv().node])[0], want, rtol=1e-5, atol=1e-5)
     assert _remembered(first) == []                      # a first run never tunes
     np.testing.assert_allclose(first.realize([_conv().node])[0], want, rtol=1e-5, atol=1e-5)
     assert len(_remembered(first)) == 1 and first.tuner.spent > 0
-    tuned = [step.kernel.name for step in _steps(first) if step.tuned_from is not None]
+    tuned = [step.name for step in _steps(first) if step.tuned_from is not None]
     assert len(tuned) == 1                               # the conv's variant replaced it
     np.testing.assert_allclose(first.realize([_conv().node])[0], want, rtol=1e-5, atol=1e-5)
 
@@ -58,7 +58,7 @@ def test_the_second_run_tunes_and_a_later_process_uses_the_choice(fresh_backend,
     for _ in range(3):
         np.testing.assert_allclose(later.realize([_conv().node])[0], want, rtol=1e-5, atol=1e-5)
     assert later.tuner.spent == 0                        # remembered: nothing is timed again
-    assert [step.kernel.name for step in _steps(later) if step.tuned_from] == tuned
+    assert [step.name for step in _steps(later) if step.tuned_from] == tuned
 
 
 def test_every_variant_computes_the_same_numbers(fresh_backend, monkeypatch):
@@ -68,7 +68,7 @@ def test_every_variant_computes_the_same_numbers(fresh_backend, monkeypatch):
         backend = fresh_backend()
         backend.accumulator_registers, backend.read_slack = target.registers, target.slack
         results.append(backend.realize([_conv().node])[0])
-        names |= {step.kernel.name for step in _steps(backend) if tuning.tunable(step)}
+        names |= {step.name for step in _steps(backend) if tuning.tunable(step)}
     assert len(names) > 1                                # the candidates are different kernels
     for result in results[1:]:
         np.testing.assert_array_equal(result, results[0])
