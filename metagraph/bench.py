@@ -6,7 +6,8 @@
     python -m metagraph.bench --library       # contractions through numpy's BLAS (library_op)
 
 Each figure is the median of --repeat timed calls after two warm-up calls, every call forced to
-complete (read back to numpy). Ratios are torch time / metagraph time: above 1, metagraph is
+complete (read back to numpy); metagraph and PyTorch calls alternate, so that noise from the
+shared machine falls on both. Ratios are torch time / metagraph time: above 1, metagraph is
 faster. PyTorch runs on 2 threads, as metagraph does on this machine."""
 import argparse
 import json
@@ -23,15 +24,19 @@ import metagraph as mg
 import metagraph.nn.functional as F
 
 
-def median_seconds(fn, repeat, warmup=2):
-    for _ in range(warmup):
-        fn()
-    times = []
+def median_seconds(fns, repeat, warmup=2):
+    """The median time of each of `fns`, timed in alternation (one call of each per round), so
+    that a noisy neighbour slows both sides of a comparison alike, not whichever ran then."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times = [[] for _ in fns]
     for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, seconds in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            seconds.append(time.perf_counter() - start)
+    return [statistics.median(seconds) for seconds in times]
 
 
 def _torch():
@@ -269,7 +274,7 @@ def compare_backends(repeat, json_path):
         row = {"id": key, "workload": title, "ms": {}}
         for name in names:
             mg.set_backend(name)
-            row["ms"][name] = median_seconds(ours, repeat) * 1e3
+            row["ms"][name] = median_seconds([ours], repeat)[0] * 1e3
         if "c" in row["ms"]:
             row["ratio_to_c"] = {name: row["ms"]["c"] / ms for name, ms in row["ms"].items()}
         rows.append(row)
@@ -308,12 +313,11 @@ def main(argv=None):
         if key not in chosen:
             continue
         ours, theirs, unit, work = make(torch)
-        mine = median_seconds(ours, args.repeat)
+        mine, *other = median_seconds([ours] + ([theirs] if theirs is not None else []), args.repeat)
         row = {"id": key, "workload": title, "unit": unit, "metagraph": _figure(unit, work, mine)}
         if theirs is not None:
-            other = median_seconds(theirs, args.repeat)
-            row["pytorch"] = _figure(unit, work, other)
-            row["ratio"] = other / mine
+            row["pytorch"] = _figure(unit, work, other[0])
+            row["ratio"] = other[0] / mine
         rows.append(row)
         print(_format(row), flush=True)
     if "W8" in chosen:
