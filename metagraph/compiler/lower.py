@@ -41,7 +41,7 @@ class Step:
     def compiled(self):
         """This step without its IR, once its kernel is compiled: a cached schedule would
         otherwise keep tens of thousands of IR objects alive, which every full collection of
-        Python's cycle collector walks (ResNet-18 training: 80 ms every few steps, 40 without)."""
+        Python's cycle collector walks (ResNet-18 training: 80 ms every few steps, 36 without)."""
         out = copy.copy(self)
         out.kernel = None
         return out
