@@ -240,20 +240,8 @@ def _invariant_loads(loop):
     before the loop: GCC 12 otherwise sinks a weight read into a masked multiply-add's branch and
     then cannot vectorise the masked load of one address (a guarded conv input gradient ran
     scalar, 11 GFLOP/s; 34 with its weights read first)."""
-    found = {}
-
-    def walk(value):
-        if isinstance(value, ir.Load):
-            if value.valid is None and loop.var not in variables(value.index):
-                found.setdefault(id(value), value)
-        elif isinstance(value, ir.Guard):
-            walk(value.value)
-        elif isinstance(value, ir.Apply):
-            for arg in value.args:
-                walk(arg)
-
-    for statement in loop.body:
-        walk(statement.value)
+    found = {id(load): load for statement in loop.body for load in ir.loads(statement.value)
+             if load.valid is None and loop.var not in variables(load.index)}
     return list(found.values())
 
 

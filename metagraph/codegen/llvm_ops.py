@@ -24,6 +24,8 @@ MATH = {"sqrt": "llvm.sqrt", "exp2": "llvm.exp2", "log2": "llvm.log2", "sin": "l
 FLOAT_SUFFIX = {"float16": "f16", "float32": "f32", "float64": "f64"}
 # accumulating may reorder (what `omp simd reduction` allows the C backend): it lets loops vectorise
 ACCUMULATE = {("add", "f"): "fadd reassoc", ("mul", "f"): "fmul reassoc"}
+
+
 def kind(dtype):
     return "b" if dtype == dtypes.bool_ else dtype.kind
 
@@ -38,7 +40,6 @@ def constant(value, dtype):
     bits = dtype.itemsize * 8
     value = int(value) & ((1 << bits) - 1)
     return str(value - (1 << bits) if value >= 1 << (bits - 1) else value)
-
 
 
 class Ops:

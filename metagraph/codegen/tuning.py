@@ -5,8 +5,9 @@ every later process uses it without timing again.
 
 Tuning happens on a schedule's second run, never its first (a cold start compiles only the
 heuristic choices), and a process starts tuning no kernel once it has spent METAGRAPH_TUNE
-seconds on it (default 5; 0 turns it off; one kernel's variants take 0.1-0.5 s). Every variant computes each output with the same operations in the same order
-(tiles change which outputs are computed together, not how), so the choice changes speed only.
+seconds on it (default 5; 0 turns it off; one kernel's variants take 0.1-0.5 s). Every variant
+computes each output with the same operations in the same order (tiles change which outputs are
+computed together, not how), so the choice changes speed only.
 """
 import sys
 import time

@@ -2,8 +2,8 @@
 
 Layout under the cache directory:  batch-<hash>.c (the source a person can read: .c, .ll or
 .bang.c by backend) beside batch-<hash>.so (or .o), and index/<kernel key>, which names the binary
-holding that kernel and the binary's SHA-256. The key hashes the kernel's source with the toolchain identity (compiler,
-version, flags, target CPU) and CACHE_VERSION. Every file is written to a temporary name and
+holding that kernel and the binary's SHA-256. The key hashes the kernel's source with the
+toolchain identity (compiler, version, flags, target CPU) and CACHE_VERSION. Every file is written to a temporary name and
 renamed, so a killed process leaves no half-written entry; an entry whose object is missing or
 does not match its hash is rebuilt. tuning/<key of a kernel name> holds the tile parameters that
 timing chose for that kernel (codegen/tuning.py), as text.
@@ -77,8 +77,7 @@ class KernelCache:
         write_atomic(self._tuning_path(name), text)
 
     def _tuning_path(self, name):
-        key = hashlib.sha256(f"{CACHE_VERSION}\n{self.identity}\n{name}".encode()).hexdigest()
-        return os.path.join(self.directory, "tuning", key)
+        return os.path.join(self.directory, "tuning", self.key(name))
 
     def build(self, source, keys, compile_shared):
         """Compile `source` once into a shared object and index it under every key."""
@@ -96,5 +95,6 @@ class KernelCache:
                 os.unlink(temporary)
         digest = _sha256_file(object_path)
         for key in keys:
-            write_atomic(os.path.join(self.directory, "index", key), f"{batch}{self.binary_suffix} {digest}\n")
+            entry = f"{batch}{self.binary_suffix} {digest}\n"
+            write_atomic(os.path.join(self.directory, "index", key), entry)
         return object_path, source_path

@@ -86,3 +86,13 @@ def test_tuning_off_or_out_of_time_times_nothing(fresh_backend, monkeypatch):
     for _ in range(3):
         spent.realize([_conv().node])
     assert _remembered(spent) == []
+
+
+def test_a_cached_schedule_keeps_no_kernel_ir(fresh_backend):
+    backend = fresh_backend()
+    want = NumpyBackend().realize([_conv().node])[0]
+    for _ in range(3):             # compiled, then tuned (a variant replaces the conv), then reused
+        np.testing.assert_allclose(backend.realize([_conv().node])[0], want, rtol=1e-5, atol=1e-5)
+    steps = _steps(backend)
+    assert any(step.tuned_from for step in steps)
+    assert all(step.kernel is None and step.name for step in steps)
