@@ -267,14 +267,16 @@ class Renderer(VectorOps, c.Renderer):
                 self.tiles(s, "0", "1")
         elif isinstance(s, ir.Define):
             self.accumulators[s.name] = s
-            init = c.scalar(s.init, s.dtype)
             if s.size is None:
-                self.emit(f"{CTYPE[s.dtype.name]} {s.name} = {init};")
+                self.emit(f"{CTYPE[s.dtype.name]} {s.name} = {c.scalar(s.init, s.dtype)};")
             else:
                 self.nram.append((s.dtype, s.name, s.size))
-                self.emit(f"__bang_write_value({s.name}, {s.size}, {init});")
+                if s.init is not None:
+                    self.emit(f"__bang_write_value({s.name}, {s.size}, {c.scalar(s.init, s.dtype)});")
         elif isinstance(s, ir.Accumulate):
             self.accumulate(s, names)
+        elif isinstance(s, ir.Assign):
+            self.assign(s, names)
         elif isinstance(s, ir.Store):
             self.store(s, names)
         elif isinstance(s, ir.ScatterAccumulate):
@@ -322,6 +324,18 @@ class Renderer(VectorOps, c.Renderer):
         else:
             self.lane_loop([self.combine(f"{s.name}[{self.at(s.index)}]", s.op, f"{buffer}[lane]",
                                          define.dtype)])
+
+    def assign(self, s, names):
+        ctype = CTYPE[self.accumulators[s.name].dtype.name]
+        if self.var is None:
+            self.emit(f"{s.name}[{self.index(s.index)}] = {self.uniform(s.value, names)};")
+        elif _affine(s.index, self.var) == 1:
+            buffer = self.spread(self.lanes(s.value, names), s.value.dtype)
+            self.emit(f"__memcpy({s.name} + {self.index(s.index)}, {buffer}, lanes * sizeof({ctype}), "
+                      "NRAM2NRAM);")
+        else:
+            buffer = self.spread(self.lanes(s.value, names), s.value.dtype)
+            self.lane_loop([f"{s.name}[{self.at(s.index)}] = {buffer}[lane];"])
 
     def store(self, s, names):
         param = self.kernel.params[s.param]

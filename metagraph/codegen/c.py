@@ -166,8 +166,9 @@ class Renderer:
             if s.size is not None:
                 # explicitly aligned: GCC 12 otherwise placed it misaligned under an aligned store
                 lines.append(f"{acc_type} {s.name}[{s.size}] __attribute__((aligned(64)));")
-                init = scalar(s.init, s.dtype)
-                lines.append(f"for (int64_t q = 0; q < {s.size}; q++) {s.name}[q] = {init};")
+                if s.init is not None:
+                    init = scalar(s.init, s.dtype)
+                    lines.append(f"for (int64_t q = 0; q < {s.size}; q++) {s.name}[q] = {init};")
             else:
                 lines.append(f"{acc_type} {s.name} = {scalar(s.init, s.dtype)};")
                 if s.op == "max" and s.dtype.is_float:
@@ -195,6 +196,9 @@ class Renderer:
         elif isinstance(s, ir.Store):
             v = self.value(s.value, lines, names)
             lines.append(f"p{s.param}[{self.index(s.index)}] = {v};")
+        elif isinstance(s, ir.Assign):
+            v = self.value(s.value, lines, names)
+            lines.append(f"{s.name}[{self.index(s.index)}] = {v};")
         elif isinstance(s, ir.ScatterAccumulate):
             v = self.value(s.value, lines, names)
             target = f"p{s.param}[{self.index(s.index)}]"
@@ -219,7 +223,7 @@ class Renderer:
         """(pragma, lines after the loop): threads for outer loops, SIMD for innermost reductions."""
         if loop.kind == ir.VECTOR:
             return "simd", []
-        accumulate = [s for s in loop.body if isinstance(s, ir.Accumulate)]
+        accumulate = [s for s in loop.body if isinstance(s, ir.Accumulate) and s.index is None]
         if loop.kind == ir.REDUCE and accumulate:
             name, op = accumulate[0].name, accumulate[0].op
             acc = self.accumulators[name]

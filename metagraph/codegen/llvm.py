@@ -215,8 +215,9 @@ class Renderer(Ops):
             else:
                 self.allocas.append(f"{pointer} = alloca [{s.size} x {t}], align 64")
                 element = ("init", s.name)
-                self.loop(ir.Loop(element, s.size, ir.VECTOR, []), body=lambda: self.emit(
-                    f"store {t} {constant(s.init, s.dtype)}, ptr {self.slot(s.name, Var(element))}"))
+                if s.init is not None:
+                    self.loop(ir.Loop(element, s.size, ir.VECTOR, []), body=lambda: self.emit(
+                        f"store {t} {constant(s.init, s.dtype)}, ptr {self.slot(s.name, Var(element))}"))
         elif isinstance(s, ir.Accumulate):
             define = self.accumulators[s.name][0]
             product = fused_product(s, define.dtype)
@@ -233,6 +234,10 @@ class Renderer(Ops):
             else:
                 v = self.convert(self.value(s.value, names), s.value.dtype, define.dtype)
                 self.update(self.slot(s.name, s.index), s.op, v, define.dtype)
+        elif isinstance(s, ir.Assign):
+            define = self.accumulators[s.name][0]
+            v = self.value(s.value, names)
+            self.emit(f"store {LTYPE[define.dtype.name]} {v}, ptr {self.slot(s.name, s.index)}")
         elif isinstance(s, ir.Store):
             param = self.kernel.params[s.param]
             v = self.value(s.value, names)

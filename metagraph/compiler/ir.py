@@ -89,6 +89,29 @@ def loads(value):
     return [v for v in values(value) if isinstance(v, Load)]
 
 
+def replaced(value, replacements):
+    """The value tree with each value whose id is a key of `replacements` replaced by its entry
+    (the rest of the tree shared where nothing under it changes)."""
+    memo = {}
+
+    def walk(v):
+        if id(v) in replacements:
+            return replacements[id(v)]
+        if id(v) not in memo:
+            out = v
+            if isinstance(v, Apply):
+                args = tuple(walk(a) for a in v.args)
+                if any(a is not b for a, b in zip(args, v.args)):
+                    out = Apply(v.op, args, v.dtype, v.site)
+            elif isinstance(v, Guard):
+                inner = walk(v.value)
+                if inner is not v.value:
+                    out = Guard(v.cond, inner, v.fill, v.valid, v.check)
+            memo[id(v)] = out
+        return memo[id(v)]
+    return walk(value)
+
+
 def index_expressions(v):
     """The index expressions one value node uses (not those of its arguments)."""
     if isinstance(v, Load):
@@ -119,7 +142,8 @@ class Loop:
 
 @dataclass
 class Define:
-    """An accumulator for reduction `op` (an array of `size` when given), initialised."""
+    """An accumulator for reduction `op` (an array of `size` when given), initialised (not when
+    `init` is None: an array each element of which is assigned before it is read)."""
     name: str
     dtype: object
     init: object
@@ -133,6 +157,14 @@ class Accumulate:
     op: str
     value: object
     index: Optional[object] = None
+
+
+@dataclass
+class Assign:
+    """name[index] = value, in a local array (a row of values kept for a later loop)."""
+    name: str
+    index: object
+    value: object
 
 
 @dataclass

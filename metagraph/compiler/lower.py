@@ -2,8 +2,11 @@
 
 A kernel is a loop nest over its output; a reduction adds inner loops and an accumulator; a
 reduction read only by one element-wise kernel, at its own output position, fuses into that
-kernel as its epilogue (conv + bias + relu is one kernel). A `reindex_reduce` is a scatter:
-an initialising loop, then a loop over its source.
+kernel as its epilogue (conv + bias + relu is one kernel). A reduction to one value per row of
+an element-wise kernel, read by nothing else (or by another such reduction), is computed inside
+that kernel's loop over rows, before its loop along the row: a row prologue (softmax's max and
+sum: one pass over memory instead of three). A `reindex_reduce` is a scatter: an initialising
+loop, then a loop over its source.
 """
 import copy
 import hashlib
@@ -11,12 +14,12 @@ import math
 from dataclasses import dataclass, field
 
 from metagraph import dtypes
-from metagraph.compiler import contraction, decompose, ir
+from metagraph.compiler import contraction, decompose, ir, rows
 from metagraph.compiler.fusion import materialised
 from metagraph.compiler.nest import ACC_REGISTERS, Nest, Replace
 from metagraph.compiler.simplify import simplify, substitute, value_range
 from metagraph.errors import IndexOutOfRange, MetagraphError
-from metagraph.expr import Binary, Const, Extra, Var, linear_terms
+from metagraph.expr import Binary, Const, Extra, Var, linear_terms, variables
 
 INDEX_BUDGET = 2000      # expression nodes an index may grow to before its source is materialised
 
@@ -29,7 +32,7 @@ class Step:
     positions: list      # graph position of each kernel parameter (outputs first)
     sites: list          # (error class, message, graph position of the node) per run-time check
     library: object = None   # a contraction.LibraryContraction computed by a library instead
-    lowering: tuple = None   # (root position, fused reductions, materialised positions): `relower`
+    lowering: tuple = None   # (root, epilogue reductions, row prologues, materialised): `relower`
     tuned_from: str = None   # the heuristic kernel's name, where tuning chose this one instead
     name: str = field(init=False)
     blocked: bool = field(init=False)   # accumulates a block of outputs in a local array
@@ -48,7 +51,7 @@ class Step:
 
 
 def _defines_block(statements):
-    return any(isinstance(s, ir.Define) and s.size is not None or
+    return any(isinstance(s, ir.Define) and s.size is not None and s.name == "acc" or
                isinstance(s, ir.Loop) and _defines_block(s.body) for s in statements)
 
 
@@ -88,8 +91,8 @@ def schedule(graph, target=Target(), library=False, tuned=None):
 def relower(graph, step, target):
     """The kernel of `step` (a schedule's, for a graph of the same structure as `graph`) for
     another target (other register-tile parameters)."""
-    root, epilogue_reduce, chosen = step.lowering
-    other = _Lowering(graph, chosen, root, list(epilogue_reduce), target).kernel()
+    root, epilogue_reduce, prologues, chosen = step.lowering
+    other = _Lowering(graph, chosen, root, list(epilogue_reduce), target, prologues).kernel()
     other.lowering, other.tuned_from = step.lowering, step.tuned_from or step.name
     return other
 
@@ -104,16 +107,19 @@ def _steps(graph, chosen, unfusable, target, library):
         if found is not None:
             contractions[k] = found
     readers = _readers(graph, chosen)
+    fusable = {k for k in chosen - unfusable - set(contractions)
+               if graph.nodes[k].op == "reduce" and k not in graph.outputs}
     fused = {}
-    for k in sorted(chosen - unfusable - set(contractions)):
-        node = graph.nodes[k]
-        if node.op == "reduce" and k not in graph.outputs and len(readers.get(k, ())) == 1:
+    for k in sorted(fusable):
+        if len(readers.get(k, ())) == 1:
             (reader,) = readers[k]
-            if graph.nodes[reader].op not in ("reduce", "reindex_reduce", "contiguous"):
+            if graph.nodes[reader].op not in rows.NOT_ELEMENTWISE and \
+                    graph.nodes[reader].shape == graph.nodes[k].shape:
                 fused[k] = reader
+    prologue = rows.choose(graph, fusable - set(fused), readers, set(fused.values()) | set(contractions))
     steps, frozen = [], frozenset(chosen)
     for k in sorted(chosen):
-        if k in fused:
+        if k in fused or k in prologue:
             continue
         if k in contractions:
             spec, operands = contractions[k]
@@ -122,8 +128,9 @@ def _steps(graph, chosen, unfusable, target, library):
         epilogue_reduce = [r for r, reader in fused.items() if reader == k]
         if len(epilogue_reduce) > 1:          # at most one reduction per kernel
             raise _Refuse(epilogue_reduce[1])
-        step = _Lowering(graph, frozen, k, epilogue_reduce, target).kernel()
-        step.lowering = (k, tuple(epilogue_reduce), frozen)
+        prologues = frozenset(r for r, root in prologue.items() if root == k)
+        step = _Lowering(graph, frozen, k, epilogue_reduce, target, prologues).kernel()
+        step.lowering = (k, tuple(epilogue_reduce), prologues, frozen)
         steps.append(step)
     return steps
 
@@ -143,6 +150,9 @@ def _readers(graph, chosen):
                     seen.add(k)
                     stack.append(source)
     return readers
+
+
+_INIT = {"add": lambda dtype: 0, "mul": lambda dtype: 1, "max": dtypes.min_value}
 
 
 def _strides(shape):
@@ -173,9 +183,11 @@ def _size(expr):
 
 
 class _Lowering:
-    def __init__(self, graph, chosen, root, epilogue_reduce, target):
+    def __init__(self, graph, chosen, root, epilogue_reduce, target, prologues=frozenset()):
         self.graph, self.chosen, self.root, self.target = graph, chosen, root, target
         self.fused_reduce = epilogue_reduce[0] if epilogue_reduce else None
+        self.prologue_reduces, self.prologue_names, self.building = prologues, set(), []
+        self.prologues = []      # rows.Prologue, in the order made
         self.params, self.param_of, self.sites, self.memo = [], {}, [], {}
         self.extents, self.accumulator = {}, None
         self.reduce_parts = None
@@ -211,6 +223,8 @@ class _Lowering:
         k = self.graph.position[node.id]
         if k == self.fused_reduce:
             return self.reduction(node, index)
+        if k in self.prologue_reduces:
+            return self.row_prologue(node, index, valid)
         if node.op == "const":
             return ir.Scalar(node.attrs["value"], node.dtype)
         if node.buffer is not None or (k in self.chosen and k != self.root):
@@ -273,23 +287,58 @@ class _Lowering:
         identity = tuple(Var(d) if size != 1 else index[d] for d, size in enumerate(node.shape))
         if node.shape != root.shape or tuple(index) != identity:
             raise _Refuse(self.graph.position[node.id])
-        x = node.inputs[0]
-        axes, keepdim = node.attrs["axes"], node.attrs["keepdim"]
-        source_index, out_dim, var = [], 0, root.ndim
-        loops = []
-        for d, size in enumerate(x.shape):
-            if d in axes:
+        source_index, loops = self.reduced(node, index, root.ndim)
+        op = node.attrs["op"]
+        value = self.value(node.inputs[0], source_index, None)
+        return self.accumulate(node.dtype, _INIT[op](node.dtype), op, loops, value)
+
+    def reduced(self, node, index, first_var):
+        """(the index into a reduce node's input at output `index`, the loops over its reduced
+        axes): loop variables from `first_var` on."""
+        source_index, loops, out_dim, var = [], [], 0, first_var
+        for d, size in enumerate(node.inputs[0].shape):
+            if d in node.attrs["axes"]:
                 source_index.append(Var(var))
                 self.extents[var] = size
                 loops.append((var, size))
                 var += 1
-                out_dim += keepdim
+                out_dim += node.attrs["keepdim"]
             else:
                 source_index.append(index[out_dim])
                 out_dim += 1
+        return tuple(source_index), loops
+
+    def row_prologue(self, node, index, valid):
+        """A reduction computed once per row of this element-wise kernel (rows.py): inside its
+        loops over the variables `index` reads (the first `depth`), before the loops after them;
+        with those loops' own variables when it reduces over exactly their extents. Its value is
+        its accumulator, which the kernel reads instead of a buffer."""
+        position, root = self.graph.position[node.id], self.graph.nodes[self.root]
+        used = set().union(*(variables(e) for e in index))
+        depth = 1 + max(used, default=-1)
+        name = f"row{position}"
+        if valid is not None or not used or depth > min([root.ndim] + self.building) or \
+                name in self.prologue_names or node.numel != math.prod(root.shape[:depth]):
+            # read conditionally, not once per row, at two places, or (inside another prologue)
+            # per element of that prologue's row
+            raise _Refuse(position)
+        self.prologue_names.add(name)
+        axes = node.attrs["axes"]
+        reduced = tuple(size for d, size in enumerate(node.inputs[0].shape) if d in axes)
+        aligned = bool(reduced) and reduced == root.shape[depth:]
+        source_index, loops = self.reduced(node, index, depth if aligned else 1 + max(self.extents))
         op = node.attrs["op"]
-        init = {"add": 0, "mul": 1, "max": dtypes.min_value(node.dtype)}[op]
-        return self.accumulate(node.dtype, init, op, loops, self.value(x, tuple(source_index), None))
+        acc_dtype = dtypes.float32 if node.dtype == dtypes.float16 else node.dtype
+        self.building.append(depth)
+        accumulate = ir.Accumulate(name, op, self.value(node.inputs[0], source_index, None))
+        self.building.pop()
+        body = [accumulate]
+        for var, size in reversed(loops):
+            body = [ir.Loop(var, size, ir.REDUCE, body)]
+        define = ir.Define(name, acc_dtype, _INIT[op](node.dtype), op)
+        self.prologues.append(rows.Prologue(depth, [define] + body, accumulate, aligned))
+        result = ir.Ref(name, acc_dtype)
+        return result if acc_dtype == node.dtype else ir.Apply("cast", (result,), node.dtype)
 
     def accumulate(self, dtype, init, op, loops, value):
         """The kernel's accumulator for a reduction of `value` over `loops`, and its value as
@@ -315,7 +364,8 @@ class _Lowering:
                 self.extents[d] = size
             outer = tuple(Var(d) for d in range(node.ndim))
             store = ir.Store(out, self.flat(node.shape, outer), self.value(node, outer, None))
-            body = self.loop_nest(node, store)
+            rows.cache_shared(self.prologues, store, node.shape, self.extents)
+            body = rows.place(self.loop_nest(node, store), self.prologues)
             kind = "r" if self.reduce_parts else "e"
         params = [param for _, param in self.params]
         positions = [position for position, _ in self.params]

@@ -150,4 +150,6 @@ def test_reading_the_loss_after_step_does_not_recompute_the_forward_pass():
         loss.item()
     sizes = [int(np.prod([int(n) for n in k.name.split("_")[1].split("x")])) if k.name.split("_")[1] != "scalar"
              else 1 for k in prof.kernels]
-    assert prof.launches <= 4 and max(sizes) <= 8, [k.name for k in prof.kernels]   # only the loss's own tail
+    # only the loss's own tail, over the logits: the backward computed the softmax's row max and
+    # sum inside its own kernel (a row prologue), so they have no buffer and are computed again
+    assert prof.launches <= 5 and max(sizes) <= 8, [k.name for k in prof.kernels]
