@@ -172,7 +172,9 @@ class Renderer:
             else:
                 lines.append(f"{acc_type} {s.name} = {scalar(s.init, s.dtype)};")
                 if s.op == "max" and s.dtype.is_float:
-                    lines.append(f"uint8_t {s.name}_nan = 0;")
+                    # a flag as wide as the value: GCC packs a uint8_t one from the compare's
+                    # lanes at every step (softmax 4096x1024: 2.29 -> 2.18 ms)
+                    lines.append(f"{'int32_t' if s.dtype.itemsize <= 4 else 'int64_t'} {s.name}_nan = 0;")
             self.accumulators[s.name] = s
         elif isinstance(s, ir.Accumulate) and s.index is not None:
             target = f"{s.name}[{self.index(s.index)}]"
