@@ -10,12 +10,14 @@ innermost and vectorised, the reduction's loops around it:
 Every rewrite substitutes loop variables in the kernel IR's values; nothing here knows which
 operator the reduction came from.
 """
+import math
 from dataclasses import dataclass
 
 from metagraph.compiler import ir
 from metagraph.compiler.simplify import simplify, substitute, value_range
 from metagraph.expr import Const, Var, linear_terms, variables
 
+PACK_BYTES = 64 * 1024    # a packed operand slice (`Nest.packed`) at most this large
 ROW_MIN, ROW_MAX = 8, 1024   # output rows this long are accumulated whole, their loop innermost
 STRIDE_MAX = 2     # the vectorised loop of a row block may read with this stride (strided convs)
 ACC_MAX = 2048     # elements of a register-blocked accumulator (8 KiB of float32; 16 KiB measured slower)
@@ -76,6 +78,23 @@ def _flat(expr, outer, inner, inner_extent):
     return terms.get(Var(outer), 0) == terms.get(Var(inner), 0) * inner_extent
 
 
+def _reuse_order(value, ndim, extents):
+    """The output loops of one dot product per element, outermost first: an output dimension the
+    largest operand does not vary along goes innermost (its size-1 dimensions after it), so that
+    consecutive dot products read the same slice of that operand from the first-level cache. A
+    conv over a 1x1 plane otherwise streams all its weights once per image: the input gradient
+    of ResNet-18's 512-channel conv, 32 images: 8.5 -> 7.9 ms per call (packed: 0.84)."""
+    order = [d for d in range(ndim) if extents[d] > 1]
+    loads = ir.loads(value)
+    if not loads or not order:
+        return list(range(ndim))
+    largest = max(loads, key=lambda load: math.prod(extents[v] for v in _variables(load)))
+    reused = [d for d in order if d not in _variables(largest)]
+    if reused and order[-1] not in reused:
+        order = [d for d in order if d != reused[-1]] + [reused[-1]]
+    return order + [d for d in range(ndim) if extents[d] == 1]
+
+
 def _vectors(length, itemsize):
     """Vector registers a row of `length` elements occupies."""
     return -(-length * itemsize // VECTOR_BYTES)
@@ -109,6 +128,7 @@ class Nest:
     def __init__(self, extents, accumulator, registers=ACC_REGISTERS, readable=None):
         self.extents, self.accumulator, self.registers = extents, accumulator, registers
         self.readable = readable
+        self.pack = None     # (output loop variable or None: the kernel's body, statements)
 
     def loops(self, node, store, reduce_parts):
         """Loops over the output around `store`, with the reduction (`reduce_parts`) inside."""
@@ -117,7 +137,13 @@ class Nest:
         else:
             body, outer = self.reduction(node, store, *reduce_parts)
         for d in reversed(outer):
-            body = [ir.Loop(d, self.extents[d], ir.PARALLEL if d == 0 else ir.SERIAL, body)]
+            body = [ir.Loop(d, self.extents[d], ir.PARALLEL if d == outer[0] else ir.SERIAL, body)]
+        if self.pack is not None:
+            var, statements = self.pack
+            inside = body
+            while var is not None and inside[0].var != var:
+                inside = inside[0].body
+            (inside if var is None else inside[0].body)[:0] = statements
         return body
 
     def reduction(self, node, store, acc_dtype, init, op, loops, value):
@@ -131,10 +157,14 @@ class Nest:
                 found = self.row_block(node, value, store)
         if found is None:         # one dot product per output element
             value, loops = self.collapsed(value, loops)
+            order = _reuse_order(value, node.ndim, self.extents)
+            value = self.packed(value, loops, order)
+            if self.pack is not None:        # the copy is read contiguously: merge its loops
+                value, loops = self.collapsed(value, loops)
             body = [ir.Accumulate("acc", op, value)]
             for loop_var, loop_extent in reversed(loops):
                 body = [ir.Loop(loop_var, loop_extent, ir.REDUCE, body)]
-            return [ir.Define("acc", acc_dtype, init, op)] + body + [store], list(range(node.ndim))
+            return [ir.Define("acc", acc_dtype, init, op)] + body + [store], order
         extent, block = self.extents, found.block
         inner = _inner(block, extent)
         size, offset = 1, Const(0)
@@ -161,11 +191,51 @@ class Nest:
             stores = [ir.Loop(*loop, stores)]
         return [ir.Define("acc", acc_dtype, init, op, size)] + accumulate + stores, found.outer
 
+    def packed(self, value, loops, order):
+        """The dot products' value with their largest operand read from a local copy (`self.pack`)
+        of the slice the innermost output loop reuses, laid out in reduction order, where that
+        operand does not vary along that loop and reads the reduction's innermost variable with a
+        stride: the copy is made once per iteration of the loops around (a 1x1-plane conv's input
+        gradient reads each filter's weights 4608 floats apart: 7.9 -> 0.84 ms per call)."""
+        varying = [d for d in order if self.extents[d] > 1]
+        loads = ir.loads(value)
+        if not loops or not varying or not loads:
+            return value
+        largest = max(loads, key=lambda load: math.prod(self.extents[v] for v in _variables(load)))
+        reduction = [var for var, _ in loops]
+        size = math.prod(extent for _, extent in loops)
+        terms, _ = linear_terms(largest.index)
+        if _variables(largest) - set(reduction) - set(varying[:-1]) - set(order[len(varying):]) or \
+                terms.get(Var(reduction[-1]), 0) == 1 or size * largest.dtype.itemsize > PACK_BYTES:
+            return value
+        # the copy's loops: the reduction's, renamed (size-1 output dimensions read at 0)
+        fresh = {var: Var(max(self.extents) + 1 + k) for k, (var, _) in enumerate(loops)}
+        self.extents.update({fresh[var].axis: extent for var, extent in loops})
+        renamed = Replace({**{d: Const(0) for d in order[len(varying):]}, **fresh})
+        copy = [ir.Assign("pack", self.flat_index(loops, fresh), self.substituted(largest, renamed))]
+        for var, extent in reversed(loops):
+            copy = [ir.Loop(fresh[var].axis, extent, ir.SERIAL, copy)]
+        self.pack = (varying[-2] if len(varying) > 1 else None,
+                     [ir.Define("pack", largest.dtype, None, size=size)] + copy)
+        packed = ir.Ref("pack", largest.dtype, self.flat_index(loops, {var: Var(var) for var, _ in loops}))
+        return ir.replaced(value, {id(largest): packed})
+
+    def flat_index(self, loops, variables):
+        """The row-major position in `loops` (variable, extent), each variable renamed."""
+        index, stride = Const(0), 1
+        for var, extent in reversed(loops):
+            index, stride = index + variables[var] * stride, stride * extent
+        return simplify(index, self.extents)
+
     def collapsed(self, value, loops):
         """(value, loops) with neighbouring reduction loops that every index expression reads as
         one flat range (the outer's coefficient is the inner's times its extent) merged into the
         inner one, which then vectorises over the whole range: a conv with a 1x1 output plane
         sums 512 x 3 x 3 contiguous products in one loop instead of 512 x 3 loops of 3."""
+        single = [var for var, extent in loops if extent == 1]
+        if single and len(single) < len(loops):       # a loop of one iteration reads at 0
+            value = self.substituted(value, Replace({var: Const(0) for var in single}))
+            loops = [(var, extent) for var, extent in loops if extent != 1]
         loops = list(loops)
         k = len(loops) - 1
         while k > 0:

@@ -1,0 +1,73 @@
+"""Dot-product kernels (no vectorisable output row): the output loops reuse the largest operand,
+and an operand read with a stride along the reduction is copied once per reuse into a local
+array read contiguously (compiler/nest.py: `_reuse_order`, `Nest.packed`). Checked on every
+backend against the oracle, at shapes that trigger it."""
+import numpy as np
+import pytest
+
+import metagraph as mg
+import metagraph.nn.functional as F
+from metagraph.compiler import ir
+from metagraph.compiler.graph import pending_graph
+from metagraph.compiler.lower import schedule
+from metagraph.ops.autograd import gradients
+from tests.backends.conftest import BACKENDS, against_oracle
+
+R = np.random.default_rng(7)
+
+
+def _data(*shape, grad=False):
+    return mg.tensor(R.standard_normal(shape).astype(np.float32), requires_grad=grad)
+
+
+def _input_gradient(x, w, **conv):
+    out = F.conv2d(x, w, **conv)
+    seed = mg.tensor(R.standard_normal(out.shape).astype(np.float32)).node
+    return gradients([out.node], [seed])[x.node.id]
+
+
+CASES = {   # name: (graph, whether an operand is packed)
+    "1x1-plane conv input gradient": (
+        lambda: _input_gradient(_data(3, 13, 1, 1, grad=True), _data(11, 13, 3, 3), padding=1), True),
+    # one image: each weight is read once, so there is nothing to reuse and nothing to pack
+    "1x1-plane conv input gradient, batch 1": (
+        lambda: _input_gradient(_data(1, 7, 1, 1, grad=True), _data(5, 7, 3, 3), padding=1), False),
+    "1x1-plane conv forward (contiguous weights: reordered, not packed)": (
+        lambda: F.conv2d(_data(3, 13, 1, 1), _data(11, 13, 3, 3), padding=1).node, False),
+    "stride-2 conv to a 1x1 plane": (
+        lambda: F.conv2d(_data(2, 5, 2, 2), _data(7, 5, 3, 3), stride=2, padding=1).node, False),
+    "strided columns summed per output": (
+        lambda: (_data(5, 1, 17) * _data(17, 9).T.reshape(1, 9, 17)).sum(2).node, False),
+}
+
+
+def _defines(statements):
+    for s in statements:
+        if isinstance(s, ir.Define):
+            yield s
+        if isinstance(s, ir.Loop):
+            yield from _defines(s.body)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_dot_products_match_the_oracle(backend, name):
+    against_oracle(backend, [CASES[name][0]()])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_strided_operands_are_packed(name):
+    build, packed = CASES[name]
+    steps = schedule(pending_graph([build()]))
+    names = {d.name for step in steps for d in _defines(step.kernel.body)}
+    assert ("pack" in names) == packed, names
+
+
+def test_the_output_loop_the_weights_do_not_vary_along_is_innermost():
+    """The 1x1-plane input gradient: threads over channels, images innermost, the filter slice
+    copied once per channel."""
+    (step,) = schedule(pending_graph([CASES["1x1-plane conv input gradient"][0]()]))
+    outer = step.kernel.body[0]
+    assert outer.kind == ir.PARALLEL and outer.var == 1
+    assert isinstance(outer.body[0], ir.Define) and outer.body[0].name == "pack"
+    assert outer.body[2].var == 0
