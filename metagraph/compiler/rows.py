@@ -63,9 +63,9 @@ def cache_shared(prologues, store, shape, extents):
     kernel's loop (and later prologues at that depth) read it. Softmax 4096x1024: 2.5 ms with
     its exp computed twice per element, 2.25 with it kept."""
     for p, prologue in enumerate(prologues):
-        row = math.prod(shape[prologue.depth:])
         if not prologue.aligned:
             continue
+        row = math.prod(shape[prologue.depth:])
         in_store = {id(v) for v in ir.values(store.value)}
         shared = [v for v in ir.values(prologue.accumulate.value) if id(v) in in_store]
         arguments = {id(a) for v in shared for a in _arguments(v)}
