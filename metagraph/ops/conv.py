@@ -48,6 +48,15 @@ def _out_size(op, size, kernel, stride, pad_before, pad_after, dilation, ceil_mo
     return out
 
 
+def _reading_taps(size, out, kernel, stride, pad, dilation):
+    """(first, last) taps of one kernel axis that read the input for some output position; the
+    taps outside read only padding, for every output. (0, kernel - 1) when every tap reads, or
+    when none does (the output is then the bias alone and nothing is saved)."""
+    reading = [t for t in range(kernel)
+               if t * dilation - pad < size and (out - 1) * stride + t * dilation >= pad]
+    return (reading[0], reading[-1]) if reading else (0, kernel - 1)
+
+
 def _padding(op, padding, kernel, dilation, stride):
     """((top, bottom), (left, right)) from an int, a pair, 'valid' or 'same'."""
     if padding == "valid":
@@ -103,6 +112,13 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     if x.dtype != weight.dtype:
         fail(DTypeError, "conv2d", f"input ({x.dtype.name}) and weight ({weight.dtype.name}) "
                                    "need the same dtype")
+    # Taps that read only padding (a 3x3 conv over a 1x1 plane reads 8 of its 9 taps from the
+    # border) are dropped: the conv reads a slice of the weight, whose gradient is zero there.
+    (r0, r1), (c0, c1) = (_reading_taps(*axis) for axis in ((h, ho, kh, stride[0], pt, dilation[0]),
+                                                            (w, wo, kw, stride[1], pl, dilation[1])))
+    if (r0, c0, r1, c1) != (0, 0, kh - 1, kw - 1) and pt >= r0 * dilation[0] and pl >= c0 * dilation[1]:
+        kh, kw, pt, pl = r1 - r0 + 1, c1 - c0 + 1, pt - r0 * dilation[0], pl - c0 * dilation[1]
+        weight = view(weight, (k, cg, kh, kw), [Var(0), Var(1), Var(2) + r0, Var(3) + c0])
     channel = Var(4) if groups == 1 else (Var(1) // (k // groups)) * cg + Var(4)
     loop = (n, k, ho, wo, cg, kh, kw)
     # a weight gradient would read the window across the copy's column phases: no split then

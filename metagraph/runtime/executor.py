@@ -8,10 +8,12 @@ import numpy as np
 from metagraph import flags
 from metagraph.errors import MetagraphError, at
 from metagraph.runtime import profiler
+from metagraph.runtime.pool import Pool
 
 # Every buffer run() allocates has this many zero bytes past its end, which kernels may read (a
 # register tile's lanes past its row) and never write: the schedule is told so (lower.schedule).
 SLACK_BYTES = 128
+POOL = Pool()
 
 
 def run(graph, steps, functions, sources, oracle=None, seconds=None):
@@ -51,7 +53,7 @@ def allocate(shape, dtype):
     """An uninitialised array of `shape` and `dtype`, followed by SLACK_BYTES zero bytes (every
     itemsize divides SLACK_BYTES)."""
     numel = math.prod(shape)
-    raw = np.empty(numel + SLACK_BYTES // dtype.itemsize, dtype=dtype)
+    raw = POOL.take(numel + SLACK_BYTES // np.dtype(dtype).itemsize, dtype)
     raw[numel:] = 0
     return raw[:numel].reshape(shape)
 

@@ -39,6 +39,18 @@ CASES = {
         X,
         WG,
     ),
+    # taps that read only padding are dropped (ops/conv.py): their weight gradient is zero
+    "conv2d_1x1_plane": Case(lambda x, w, b: F.conv2d(x, w, b, padding=1), lambda x, w, b: ref.conv2d(
+        x, w, b, padding=1), f(2, 3, 1, 1), f(4, 3, 3, 3), f(4)),
+    "conv2d_2x2_to_1x1_stride_2": Case(lambda x, w: F.conv2d(x, w, stride=2, padding=1),
+                                       lambda x, w: ref.conv2d(x, w, stride=2, padding=1),
+                                       f(2, 3, 2, 2), f(4, 3, 3, 3)),
+    "conv2d_1x3_plane_5x5_dilated_groups": Case(
+        lambda x, w: F.conv2d(x, w, padding=(2, 4), dilation=(1, 2), groups=2),
+        lambda x, w: ref.conv2d(x, w, padding=(2, 4), dilation=(1, 2), groups=2),
+        f(1, 4, 1, 3),
+        f(4, 2, 5, 5),
+    ),
     "conv2d_unbatched": Case(
         lambda x, w: F.conv2d(x, w, padding=1), lambda x, w: ref.conv2d(x[None], w, padding=1)[0], X[0], W
     ),
@@ -254,3 +266,14 @@ def test_dropout_gradient_with_a_fixed_mask():
     keep = uniform.numpy() >= 0.3
     check_forward(dropped, lambda x: np.where(keep, x / 0.7, 0.0), f(3, 4))
     check_grad(dropped, f(3, 4))
+
+
+@pytest.mark.parametrize("x, w, conv, taps", [
+    ((2, 3, 1, 1), (4, 3, 3, 3), dict(padding=1), (1, 1)),
+    ((2, 3, 2, 2), (4, 3, 3, 3), dict(stride=2, padding=1), (2, 2)),
+    ((1, 4, 1, 3), (4, 2, 5, 5), dict(padding=(2, 4), dilation=(1, 2), groups=2), (1, 3)),
+    ((1, 2, 4, 4), (3, 2, 3, 3), dict(padding=1), (3, 3)),          # every tap reads the input
+])
+def test_conv_sums_only_taps_that_read_the_input(x, w, conv, taps):
+    out = F.conv2d(mg.rand(*x), mg.rand(*w), **conv)
+    assert out.node.op == "reduce" and out.node.inputs[0].shape[-2:] == taps

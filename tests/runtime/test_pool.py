@@ -1,0 +1,49 @@
+"""The executor's buffer pool: a large array is reused once nothing refers to it, never before."""
+import numpy as np
+
+import metagraph as mg
+from metagraph.runtime.pool import POOLED_MIN, Pool
+
+COUNT = POOLED_MIN // 4       # float32 elements of the smallest pooled array
+
+
+def _address(array):
+    return array.__array_interface__["data"][0]
+
+
+def test_a_dropped_array_is_handed_out_again():
+    pool = Pool()
+    first = pool.take(COUNT, np.float32)
+    address = _address(first)
+    del first
+    again = pool.take(COUNT, np.int32)
+    assert _address(again) == address and again.dtype == np.int32 and again.shape == (COUNT,)
+
+
+def test_an_array_in_use_is_never_handed_out():
+    pool = Pool()
+    first = pool.take(COUNT, np.float32)
+    kept = first[10:20].reshape(2, 5)       # a view keeps the memory in use
+    del first
+    second = pool.take(COUNT, np.float32)
+    assert _address(second) != _address(kept) - 40
+    assert pool.held == 2 * COUNT * 4
+
+
+def test_small_arrays_and_arrays_past_the_limit_are_not_pooled():
+    pool = Pool(limit=3 * COUNT * 4)
+    assert pool.take(16, np.float32).shape == (16,) and pool.held == 0
+    a, b = pool.take(2 * COUNT, np.float32), pool.take(2 * COUNT, np.float32)
+    assert pool.held == 2 * COUNT * 4 and b.shape == (2 * COUNT,)
+    del a
+    c = pool.take(2 * COUNT - 256, np.float32)     # another size: the free array makes room
+    assert pool.held == (2 * COUNT - 256) * 4 and c.shape == (2 * COUNT - 256,)
+
+
+def test_results_kept_by_the_user_survive_later_runs():
+    x = mg.tensor(np.arange(2 * COUNT, dtype=np.float32))
+    kept = [(x + k).numpy() for k in range(4)]
+    for _ in range(3):
+        (x * 0).numpy()
+    for k, array in enumerate(kept):
+        np.testing.assert_array_equal(array, np.arange(2 * COUNT, dtype=np.float32) + k)
