@@ -18,6 +18,7 @@ from metagraph.compiler.simplify import simplify, substitute, value_range
 from metagraph.expr import Const, Var, linear_terms, variables
 
 PACK_BYTES = 64 * 1024    # a packed operand slice (`Nest.packed`) at most this large
+TILE_PACK_BYTES = 192 * 1024   # a channel tile's packed operand (`Nest.channel_tile`), in L2
 ROW_MIN, ROW_MAX = 8, 1024   # output rows this long are accumulated whole, their loop innermost
 STRIDE_MAX = 2     # the vectorised loop of a row block may read with this stride (strided convs)
 ACC_MAX = 2048     # elements of a register-blocked accumulator (8 KiB of float32; 16 KiB measured slower)
@@ -54,7 +55,7 @@ def _register_block(shape, value, outer, inner, size):
     """(d, rows) when output dimension d is worth blocking: some operand does not
     depend on d (it is read once for all rows) and every operand that does is constant along the
     vectorised loop (one scalar per row). The innermost such dimension; rows divides its extent."""
-    loads = ir.loads(value)
+    loads = _operands(value)
     for d in reversed(outer):
         dependent = [load for load in loads if d in _variables(load)]
         if not dependent or len(dependent) == len(loads):
@@ -67,6 +68,11 @@ def _register_block(shape, value, outer, inner, size):
         if rows is not None:
             return d, rows
     return None
+
+
+def _operands(value):
+    """The values a value tree reads per element: loads, and local arrays (a packed operand)."""
+    return [v for v in ir.values(value) if isinstance(v, ir.Load) or isinstance(v, ir.Ref) and v.index is not None]
 
 
 def _flat(expr, outer, inner, inner_extent):
@@ -153,8 +159,8 @@ class Nest:
 
     def reduction(self, node, store, acc_dtype, init, op, loops, value):
         """(body, output loops around it) of a reduction of `value` over `loops`."""
-        found = None
-        if loops and node.ndim and _contiguous(value, node.ndim - 1):
+        found = self.channel_tile(node, value, store, loops, acc_dtype.itemsize) if loops else None
+        if found is None and loops and node.ndim and _contiguous(value, node.ndim - 1):
             found = self.register_tile(node, value, store, acc_dtype.itemsize)
             if found is not None:
                 self.whole_vectors(found, acc_dtype.itemsize)
@@ -195,6 +201,48 @@ class Nest:
         for loop in reversed(store_loops):
             stores = [ir.Loop(*loop, stores)]
         return [ir.Define("acc", acc_dtype, init, op, size)] + accumulate + stores, found.outer
+
+    def channel_tile(self, node, value, store, loops, itemsize):
+        """A block of one vector along an outer output dimension v (a conv's channels) where the
+        output row's vectorised loop would be guarded lane by lane (a conv's input gradient over a
+        small plane: its window's border): the only operand that varies along v, which reads
+        nothing but v and the reduction, is copied per tile of v into a local array with v
+        innermost (`self.pack`, at the start of the tile's loop, which becomes the parallel one),
+        and every other operand and every guard is one scalar for the whole vector. The register
+        block then runs along the row (`_register_block`). A _Block, or None."""
+        last, lanes = node.ndim - 1, VECTOR_BYTES // itemsize
+        guards = [v for v in ir.values(value) if isinstance(v, ir.Guard)]
+        if not any(last in _variables(guard) for guard in guards):
+            return None
+        reduction = [var for var, _ in loops]
+        size = lanes * math.prod(extent for _, extent in loops)
+        operands = _operands(value)
+        for v in range(last):
+            varying = [x for x in ir.values(value) if v in _variables(x)]
+            if len(varying) != 1 or not isinstance(varying[0], ir.Load) or self.extents[v] % lanes \
+                    or self.extents[v] < 2 * lanes or size * itemsize > TILE_PACK_BYTES \
+                    or _variables(varying[0]) - {v} - set(reduction) or len(operands) < 2:
+                continue
+            return self.channel_split(node, value, store, v, loops, lanes)
+        return None
+
+    def channel_split(self, node, value, store, v, loops, lanes):
+        """The channel tile (see channel_tile) of output dimension v: v counts tiles of `lanes`."""
+        lane = max(self.extents) + 1
+        self.extents[v], self.extents[lane] = self.extents[v] // lanes, lanes
+        mapping = Replace({v: Var(v) * lanes + Var(lane)})
+        value, store = self.substituted(value, mapping), self.stored(store, mapping)
+        (operand,) = [x for x in ir.loads(value) if lane in _variables(x)]
+        copied = list(loops) + [(lane, lanes)]
+        fresh = {var: Var(max(self.extents) + 1 + k) for k, (var, _) in enumerate(copied)}
+        self.extents.update({fresh[var].axis: extent for var, extent in copied})
+        copy = [ir.Assign("pack", self.flat_index(copied, fresh), self.substituted(operand, Replace(fresh)))]
+        for var, extent in reversed(copied):
+            copy = [ir.Loop(fresh[var].axis, extent, ir.SERIAL, copy)]
+        self.pack = (v, [ir.Define("pack", operand.dtype, None, size=math.prod(e for _, e in copied))] + copy)
+        packed = ir.Ref("pack", operand.dtype, self.flat_index(copied, {var: Var(var) for var, _ in copied}))
+        outer = [v] + [d for d in range(node.ndim) if d != v]
+        return _Block(ir.replaced(value, {id(operand): packed}), store, outer, [lane])
 
     def packed(self, value, loops, order):
         """The dot products' value with their largest operand read from a local copy (`self.pack`)

@@ -33,7 +33,10 @@ CASES = {   # name: (graph, whether an operand is packed)
     "1x1-plane conv input gradient, batch 1": (
         lambda: _input_gradient(_data(1, 7, 1, 1, grad=True), _data(5, 7, 3, 3), padding=1), False),
     "1x1-plane conv forward (contiguous weights: reordered, not packed)": (
-        lambda: F.conv2d(_data(3, 13, 1, 1), _data(11, 13, 3, 3), padding=1).node, False),
+        lambda: F.conv2d(_data(3, 13, 1, 1), _data(11, 13, 1, 1)).node, False),
+    # padded, it sums only the centre tap (ops/conv.py): its weights are then 9 floats apart
+    "1x1-plane 3x3 conv forward (the centre tap's weights: packed)": (
+        lambda: F.conv2d(_data(3, 13, 1, 1), _data(11, 13, 3, 3), padding=1).node, True),
     "stride-2 conv to a 1x1 plane": (
         lambda: F.conv2d(_data(2, 5, 2, 2), _data(7, 5, 3, 3), stride=2, padding=1).node, False),
     "strided columns summed per output": (

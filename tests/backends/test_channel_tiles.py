@@ -1,0 +1,96 @@
+"""Channel tiles: a reduction whose output row would be guarded lane by lane (a conv's input
+gradient over a small plane) is vectorised along an outer output dimension instead, the one
+operand that varies along it packed per tile (compiler/nest.py: `Nest.channel_tile`); the C
+code generator turns each lane-uniform mask into a branch around its vector loop. Checked on
+every backend against the oracle, at awkward shapes."""
+import numpy as np
+import pytest
+
+import metagraph as mg
+import metagraph.nn.functional as F
+from metagraph.codegen import c
+from metagraph.compiler import ir
+from metagraph.compiler.graph import pending_graph
+from metagraph.compiler.lower import schedule
+from metagraph.ops.autograd import gradients
+from tests.backends.conftest import BACKENDS, against_oracle
+
+R = np.random.default_rng(11)
+
+
+def _data(*shape, dtype=np.float32, grad=False):
+    return mg.tensor(R.standard_normal(shape).astype(dtype), requires_grad=grad)
+
+
+def _input_gradient(x, w, **conv):
+    out = F.conv2d(x, w, **conv)
+    seed = mg.tensor(R.standard_normal(out.shape).astype(x.dtype.np)).node
+    return gradients([out.node], [seed])[x.node.id]
+
+
+CASES = {    # name: (graph, the tiled output dimension or None)
+    "4x4 plane, 32 channels": (
+        lambda: _input_gradient(_data(2, 32, 4, 4, grad=True), _data(5, 32, 3, 3), padding=1), 1),
+    "3x5 plane, 48 channels, batch 1": (
+        lambda: _input_gradient(_data(1, 48, 3, 5, grad=True), _data(7, 48, 3, 3), padding=1), 1),
+    "5x4 plane, 2x3 taps, batch 3": (
+        lambda: _input_gradient(_data(3, 32, 5, 4, grad=True), _data(3, 32, 2, 3), padding=1), 1),
+    # no guard where every tap reads the whole plane: a 2x2 plane's gradient sums over the plane
+    # (more taps than positions); taps that read only padding are dropped
+    "2x2 plane, 3x3 taps": (
+        lambda: _input_gradient(_data(3, 32, 2, 2, grad=True), _data(3, 32, 3, 3), padding=1), None),
+    "2x2 plane, padding 2, 5x5 taps": (
+        lambda: _input_gradient(_data(3, 32, 2, 2, grad=True), _data(3, 32, 5, 5), padding=2), None),
+    "7x3 plane, dilation 2": (
+        lambda: _input_gradient(_data(2, 32, 7, 3, grad=True), _data(4, 32, 3, 3), padding=2, dilation=2),
+        1),
+    "float64, 16 channels (8 lanes)": (
+        lambda: _input_gradient(_data(2, 16, 3, 3, dtype=np.float64, grad=True),
+                                _data(3, 16, 3, 3, dtype=np.float64), padding=1), 1),
+    # too few channels for two tiles: the row tile as before
+    "4x4 plane, 24 channels": (
+        lambda: _input_gradient(_data(2, 24, 4, 4, grad=True), _data(5, 24, 3, 3), padding=1), None),
+    # no guard: the forward conv reads a zero-bordered copy
+    "forward conv over a 4x4 plane": (
+        lambda: F.conv2d(_data(2, 8, 4, 4), _data(32, 8, 3, 3), padding=1).node, None),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_channel_tiles_match_the_oracle(backend, name):
+    against_oracle(backend, [CASES[name][0]()])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_channel_loop_is_tiled_and_its_operand_packed(name):
+    build, tiled = CASES[name]
+    steps = schedule(pending_graph([build()]))
+    reduction = [s for s in steps if s.kernel.name[0] in "gr"][-1].kernel
+    outer = reduction.body[0]
+    if tiled is None:
+        assert not (isinstance(outer.body[0], ir.Define) and outer.body[0].name == "pack")
+        return
+    lanes = 64 // reduction.params[0].dtype.itemsize
+    assert outer.kind == ir.PARALLEL and outer.var == tiled
+    assert outer.extent * lanes == reduction.params[0].shape[tiled]
+    assert isinstance(outer.body[0], ir.Define) and outer.body[0].name == "pack"
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_a_window_past_the_border_adds_nothing_even_with_inf_weights(backend):
+    weights = R.standard_normal((3, 32, 3, 3)).astype(np.float32)
+    weights[0, :, 0, :] = np.inf     # the last row's gradient reads them only past the border
+    x, w = _data(2, 32, 4, 4, grad=True), mg.tensor(weights)
+    out = F.conv2d(x, w, padding=1)
+    seed = np.zeros(out.shape, np.float32)
+    seed[:, 0, 3, :] = 1.0                 # the last row: tap row 0 reads below the plane
+    (node,) = [gradients([out.node], [mg.tensor(seed).node])[x.node.id]]
+    against_oracle(backend, [node])
+
+
+def test_lane_uniform_masks_become_branches_in_c():
+    (step,) = [s for s in schedule(pending_graph([CASES["4x4 plane, 32 channels"][0]()]))
+               if s.kernel.name.startswith("g_")]
+    source = c.render([step.kernel])
+    assert "if ((" in source and "? fmaf(" not in source
