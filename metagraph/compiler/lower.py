@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 from metagraph import dtypes
 from metagraph.compiler import contraction, decompose, ir, rows
+from metagraph.compiler.access import Replace
 from metagraph.compiler.fusion import materialised
-from metagraph.compiler.nest import ACC_REGISTERS, Nest, Replace
+from metagraph.compiler.nest import ACC_REGISTERS, Nest
 from metagraph.compiler.simplify import simplify, substitute, value_range
 from metagraph.errors import IndexOutOfRange, MetagraphError
 from metagraph.expr import Binary, Const, Extra, Var, linear_terms, variables

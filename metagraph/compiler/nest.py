@@ -2,6 +2,8 @@
 
 A reduction accumulates a block of output elements at once in a local array, the block's loop
 innermost and vectorised, the reduction's loops around it:
+- a channel tile, where the output row would be guarded lane by lane (a conv's input gradient
+  over a small plane): one vector along an outer dimension, its operand packed (`channel_tile`);
 - a register tile, where an outer output dimension can be register-blocked (a conv's filters, a
   matmul's rows): the output row alone, cut into tiles or flattened with the rows after it so
   that rows x row vectors fit the vector registers (`register_tile`);
@@ -14,112 +16,25 @@ import math
 from dataclasses import dataclass
 
 from metagraph.compiler import ir
+from metagraph.compiler.access import (VECTOR_BYTES, Replace, contiguous, largest_load, loop_variables,
+                                       operands, reads_flat, register_block, reuse_order, row_vectors,
+                                       vector_loop)
 from metagraph.compiler.simplify import simplify, substitute, value_range
 from metagraph.expr import Const, Var, linear_terms, variables
 
 PACK_BYTES = 64 * 1024    # a packed operand slice (`Nest.packed`) at most this large
 TILE_PACK_BYTES = 192 * 1024   # a channel tile's packed operand (`Nest.channel_tile`), in L2
 ROW_MIN, ROW_MAX = 8, 1024   # output rows this long are accumulated whole, their loop innermost
-STRIDE_MAX = 2     # the vectorised loop of a row block may read with this stride (strided convs)
-ACC_MAX = 2048     # elements of a register-blocked accumulator (8 KiB of float32; 16 KiB measured slower)
 # A register tile of at most ACC_REGISTERS vectors stays in registers for the whole reduction
 # (AVX-512 has 32; a backend may ask for fewer): matmul 1024^3 went from 78-88 to 117-160
 # GFLOP/s with 8 rows x 64 columns under gcc.
-VECTOR_BYTES, ACC_REGISTERS = 64, 32
-
-
-def _contiguous(value, var):
-    """Whether every load's address moves by a small constant stride (0 to STRIDE_MAX elements)
-    per step of loop variable `var`."""
-    for load in ir.loads(value):
-        terms, _ = linear_terms(load.index)
-        if any(var in variables(term) and (not isinstance(term, Var) or not 0 <= coef <= STRIDE_MAX)
-               for term, coef in terms.items()):
-            return False
-    return True
-
-
-class Replace(dict):
-    """A substitution for `substitute`: the variables it names, every other one unchanged."""
-
-    def __missing__(self, axis):
-        return Var(axis)
-
-
-def _variables(v):
-    """The loop variables one value node's index expressions use."""
-    return set().union(*(variables(expr) for expr in ir.index_expressions(v)))
-
-
-def _register_block(shape, value, outer, inner, size):
-    """(d, rows) when output dimension d is worth blocking: some operand does not
-    depend on d (it is read once for all rows) and every operand that does is constant along the
-    vectorised loop (one scalar per row). The innermost such dimension; rows divides its extent."""
-    loads = _operands(value)
-    for d in reversed(outer):
-        dependent = [load for load in loads if d in _variables(load)]
-        if not dependent or len(dependent) == len(loads):
-            continue
-        if any(inner in _variables(load) for load in dependent):
-            continue
-        # the first dimension is the parallel loop: keep at least 8 blocks of it for the threads
-        rows = next((r for r in (8, 4, 2) if shape[d] % r == 0 and r * size <= ACC_MAX
-                     and (d != 0 or shape[d] // r >= 8)), None)
-        if rows is not None:
-            return d, rows
-    return None
-
-
-def _operands(value):
-    """The values a value tree reads per element: loads, and local arrays (a packed operand)."""
-    return [v for v in ir.values(value) if isinstance(v, ir.Load) or isinstance(v, ir.Ref) and v.index is not None]
-
-
-def _flat(expr, outer, inner, inner_extent):
-    """Whether `expr` reads loop variables outer and inner only as outer * (c * inner_extent) +
-    inner * c (or not at all), so that one variable over both ranges can replace them."""
-    terms, _ = linear_terms(expr)
-    if any(term not in (Var(outer), Var(inner)) and variables(term) & {outer, inner} for term in terms):
-        return False
-    return terms.get(Var(outer), 0) == terms.get(Var(inner), 0) * inner_extent
-
-
-def _largest_load(value, extents):
-    """The load of a value tree that reads the most elements (None without loads)."""
-    return max(ir.loads(value), key=lambda load: math.prod(extents[v] for v in _variables(load)),
-               default=None)
-
-
-def _reuse_order(value, ndim, extents):
-    """The output loops of one dot product per element, outermost first: an output dimension the
-    largest operand does not vary along goes innermost (its size-1 dimensions after it), so that
-    consecutive dot products read the same slice of that operand from the first-level cache. A
-    conv over a 1x1 plane otherwise streams all its weights once per image: the input gradient
-    of ResNet-18's 512-channel conv, 32 images: 8.5 -> 7.9 ms per call (packed: 0.84)."""
-    order = [d for d in range(ndim) if extents[d] > 1]
-    largest = _largest_load(value, extents)
-    if largest is None or not order:
-        return list(range(ndim))
-    reused = [d for d in order if d not in _variables(largest)]
-    if reused and order[-1] not in reused:
-        order = [d for d in order if d != reused[-1]] + [reused[-1]]
-    return order + [d for d in range(ndim) if extents[d] == 1]
-
-
-def _vectors(length, itemsize):
-    """Vector registers a row of `length` elements occupies."""
-    return -(-length * itemsize // VECTOR_BYTES)
-
-
-def _inner(block, extents):
-    """The vectorised loop of a block: its innermost that runs more than once."""
-    return next((d for d in reversed(block) if extents[d] > 1), None)
+ACC_REGISTERS = 32
 
 
 @dataclass
 class _Block:
     """The output elements a reduction accumulates at once: `block` are their loop variables
-    (see _inner for the vectorised one), `outer` the output loops around them; the value and store after
+    (see vector_loop for the vectorised one), `outer` the output loops around them; the value and store after
     any rewrite of their variables, and the loops and accumulator position the store uses."""
     value: object
     store: object
@@ -160,7 +75,7 @@ class Nest:
     def reduction(self, node, store, acc_dtype, init, op, loops, value):
         """(body, output loops around it) of a reduction of `value` over `loops`."""
         found = self.channel_tile(node, value, store, loops, acc_dtype.itemsize) if loops else None
-        if found is None and loops and node.ndim and _contiguous(value, node.ndim - 1):
+        if found is None and loops and node.ndim and contiguous(value, node.ndim - 1):
             found = self.register_tile(node, value, store, acc_dtype.itemsize)
             if found is not None:
                 self.whole_vectors(found, acc_dtype.itemsize)
@@ -168,7 +83,7 @@ class Nest:
                 found = self.row_block(node, value, store)
         if found is None:         # one dot product per output element
             value, loops = self.collapsed(value, loops)
-            order = _reuse_order(value, node.ndim, self.extents)
+            order = reuse_order(value, node.ndim, self.extents)
             value = self.packed(value, loops, order)
             if self.pack is not None:        # the copy is read contiguously: merge its loops
                 value, loops = self.collapsed(value, loops)
@@ -177,14 +92,14 @@ class Nest:
                 body = [ir.Loop(loop_var, loop_extent, ir.REDUCE, body)]
             return [ir.Define("acc", acc_dtype, init, op)] + body + [store], order
         extent, block = self.extents, found.block
-        inner = _inner(block, extent)
+        inner = vector_loop(block, extent)
         size, offset = 1, Const(0)
         for d in block:
             size, offset = size * extent[d], offset * extent[d] + Var(d)
         store_loops = found.store_loops or [(d, extent[d], ir.VECTOR if d == inner else ir.SERIAL)
                                             for d in block]
         store_offset = offset if found.store_offset is None else found.store_offset
-        blocking = _register_block(extent, found.value, found.outer, inner, size)
+        blocking = register_block(extent, found.value, found.outer, inner, size)
         if blocking is None:
             accumulate = [ir.Accumulate("acc", op, found.value, simplify(offset, extent))]
             self.accumulator.index = simplify(store_offset, extent)
@@ -209,19 +124,19 @@ class Nest:
         nothing but v and the reduction, is copied per tile of v into a local array with v
         innermost (`self.pack`, at the start of the tile's loop, which becomes the parallel one),
         and every other operand and every guard is one scalar for the whole vector. The register
-        block then runs along the row (`_register_block`). A _Block, or None."""
+        block then runs along the row (`register_block`). A _Block, or None."""
         last, lanes = node.ndim - 1, VECTOR_BYTES // itemsize
         guards = [v for v in ir.values(value) if isinstance(v, ir.Guard)]
-        if not any(last in _variables(guard) for guard in guards):
+        if not any(last in loop_variables(guard) for guard in guards):
             return None
         reduction = [var for var, _ in loops]
         size = lanes * math.prod(extent for _, extent in loops)
-        operands = _operands(value)
+        read = operands(value)
         for v in range(last):
-            varying = [x for x in ir.values(value) if v in _variables(x)]
+            varying = [x for x in ir.values(value) if v in loop_variables(x)]
             if len(varying) != 1 or not isinstance(varying[0], ir.Load) or self.extents[v] % lanes \
                     or self.extents[v] < 2 * lanes or size * itemsize > TILE_PACK_BYTES \
-                    or _variables(varying[0]) - {v} - set(reduction) or len(operands) < 2:
+                    or loop_variables(varying[0]) - {v} - set(reduction) or len(read) < 2:
                 continue
             return self.channel_split(node, value, store, v, loops, lanes)
         return None
@@ -232,7 +147,7 @@ class Nest:
         self.extents[v], self.extents[lane] = self.extents[v] // lanes, lanes
         mapping = Replace({v: Var(v) * lanes + Var(lane)})
         value, store = self.substituted(value, mapping), self.stored(store, mapping)
-        (operand,) = [x for x in ir.loads(value) if lane in _variables(x)]
+        (operand,) = [x for x in ir.loads(value) if lane in loop_variables(x)]
         copied = list(loops) + [(lane, lanes)]
         fresh = {var: Var(max(self.extents) + 1 + k) for k, (var, _) in enumerate(copied)}
         self.extents.update({fresh[var].axis: extent for var, extent in copied})
@@ -251,13 +166,13 @@ class Nest:
         stride: the copy is made once per iteration of the loops around (a 1x1-plane conv's input
         gradient reads each filter's weights 4608 floats apart: 7.9 -> 0.84 ms per call)."""
         varying = [d for d in order if self.extents[d] > 1]
-        largest = _largest_load(value, self.extents)
+        largest = largest_load(value, self.extents)
         if not loops or not varying or largest is None:
             return value
         reduction = [var for var, _ in loops]
         size = math.prod(extent for _, extent in loops)
         terms, _ = linear_terms(largest.index)
-        if _variables(largest) - set(reduction) - set(varying[:-1]) - set(order[len(varying):]) or \
+        if loop_variables(largest) - set(reduction) - set(varying[:-1]) - set(order[len(varying):]) or \
                 terms.get(Var(reduction[-1]), 0) == 1 or size * largest.dtype.itemsize > PACK_BYTES:
             return value
         # the copy's loops: the reduction's, renamed (size-1 output dimensions read at 0)
@@ -292,7 +207,7 @@ class Nest:
         k = len(loops) - 1
         while k > 0:
             (outer, outer_extent), (inner, inner_extent) = loops[k - 1], loops[k]
-            if all(_flat(expr, outer, inner, inner_extent) for v in ir.values(value)
+            if all(reads_flat(expr, outer, inner, inner_extent) for v in ir.values(value)
                    for expr in ir.index_expressions(v)):
                 self.extents[inner] = outer_extent * inner_extent
                 value = self.substituted(value, Replace({outer: Const(0)}))
@@ -307,12 +222,12 @@ class Nest:
         shorter than half a vector may be flattened with the rows after it (`flattened`). None
         when no register block applies or no tile fits."""
         last, length = node.ndim - 1, node.shape[-1]
-        blocking = _register_block(self.extents, value, list(range(last)), last, 1)
+        blocking = register_block(self.extents, value, list(range(last)), last, 1)
         if blocking is None or length < 2:
             return None
 
         def fits(t):
-            return _vectors(t, itemsize) * blocking[1] <= self.registers
+            return row_vectors(t, itemsize) * blocking[1] <= self.registers
         outer = list(range(last))
         if fits(length):
             plane = self.flattened(node, value, store, itemsize, blocking)
@@ -334,7 +249,7 @@ class Nest:
         3x3 over 56x56: 171 GFLOP/s at 48 + 8 lanes, 133 at 64). Only loads may vary along the
         loop, with unit stride (no guards, index values or checked divisions, which could fail
         on lanes that are never stored; stride-2 rows measured slower rounded up)."""
-        inner = _inner(found.block, self.extents)
+        inner = vector_loop(found.block, self.extents)
         width, lanes = self.extents[inner], VECTOR_BYTES // itemsize
         if self.readable is None or bin(width % lanes).count("1") < 2:
             return
@@ -348,7 +263,7 @@ class Nest:
                     if linear_terms(v.index)[0].get(Var(inner)) != 1:
                         return
                     reads.append(v)
-            elif inner in _variables(v) or getattr(v, "site", None) is not None:
+            elif inner in loop_variables(v) or getattr(v, "site", None) is not None:
                 return
         self.extents[inner] = rounded
         for load in reads:
@@ -378,8 +293,8 @@ class Nest:
                 break
             block.insert(0, d)
             size *= self.extents[d]
-        inner = _inner(block, self.extents)
-        if size < ROW_MIN or inner is None or not _contiguous(value, inner):
+        inner = vector_loop(block, self.extents)
+        if size < ROW_MIN or inner is None or not contiguous(value, inner):
             return None
         return _Block(value, store, outer[:len(outer) - len(block)], block)
 
@@ -400,7 +315,7 @@ class Nest:
         pitch = None
         for v in ir.values(value):
             if not isinstance(v, ir.Load):
-                if _variables(v) & {a, b}:
+                if loop_variables(v) & {a, b}:
                     return None          # a guard or an index value along the plane
                 continue
             terms, _ = linear_terms(v.index)
@@ -422,7 +337,7 @@ class Nest:
 
         def score(r):
             lanes = (r - 1) * pitch + width
-            vectors = _vectors(lanes, itemsize)
+            vectors = row_vectors(lanes, itemsize)
             fits = vectors * rows <= self.registers
             return fits * r * width * rows / (rows + vectors + rows * vectors)
         best = max((r for r in range(1, height + 1) if height % r == 0), key=score)

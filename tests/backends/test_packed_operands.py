@@ -1,7 +1,7 @@
 """Dot-product kernels (no vectorisable output row): the output loops reuse the largest operand,
 and an operand read with a stride along the reduction is copied once per reuse into a local
-array read contiguously (compiler/nest.py: `_reuse_order`, `Nest.packed`). Checked on every
-backend against the oracle, at shapes that trigger it."""
+array read contiguously (compiler/access.py: `reuse_order`; nest.py: `Nest.packed`). Checked
+on every backend against the oracle, at shapes that trigger it."""
 import numpy as np
 import pytest
 
