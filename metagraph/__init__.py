@@ -16,6 +16,7 @@ from metagraph.ops import index as _ix, linalg as _linalg, math as _m, movement 
 from metagraph.ops import reduce as _rd
 from metagraph import backend, flags
 from metagraph.random import manual_seed
+from metagraph.runtime.executor import empty_cache
 from metagraph.runtime.profiler import profile
 from metagraph.serialization import load, save
 from metagraph.tensor import Tensor, lift as _lift

@@ -49,6 +49,12 @@ def run(graph, steps, functions, sources, oracle=None, seconds=None):
     return buffers
 
 
+def empty_cache():
+    """Give the free arrays that the buffer pool keeps for reuse back to malloc (and so, for large
+    ones, to the operating system)."""
+    POOL.release()
+
+
 def allocate(shape, dtype):
     """An uninitialised array of `shape` and `dtype`, followed by SLACK_BYTES zero bytes (every
     itemsize divides SLACK_BYTES)."""

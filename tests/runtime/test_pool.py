@@ -1,4 +1,6 @@
 """The executor's buffer pool: a large array is reused once nothing refers to it, never before."""
+import sys
+
 import numpy as np
 
 import metagraph as mg
@@ -47,3 +49,13 @@ def test_results_kept_by_the_user_survive_later_runs():
         (x * 0).numpy()
     for k, array in enumerate(kept):
         np.testing.assert_array_equal(array, np.arange(2 * COUNT, dtype=np.float32) + k)
+
+
+def test_empty_cache_releases_what_no_one_uses():
+    from metagraph.runtime.executor import POOL
+    x = mg.tensor(np.ones(3 * COUNT, dtype=np.float32))
+    kept = (x * 2).numpy()
+    (x + 1).numpy()
+    mg.empty_cache()
+    assert POOL.held == sum(len(b) * n for n, b in POOL.arrays.items()) >= kept.nbytes
+    assert all(sys.getrefcount(raw) > 3 for bucket in POOL.arrays.values() for raw in bucket)
