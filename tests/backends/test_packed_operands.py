@@ -37,8 +37,10 @@ CASES = {   # name: (graph, whether an operand is packed)
     # padded, it sums only the centre tap (ops/conv.py): its weights are then 9 floats apart
     "1x1-plane 3x3 conv forward (the centre tap's weights: packed)": (
         lambda: F.conv2d(_data(3, 13, 1, 1), _data(11, 13, 3, 3), padding=1).node, True),
+    # it reads 2x2 of each 3x3 filter (ops/conv.py drops the taps that read only padding): packed
+    # flat, the reduction is one loop
     "stride-2 conv to a 1x1 plane": (
-        lambda: F.conv2d(_data(2, 5, 2, 2), _data(7, 5, 3, 3), stride=2, padding=1).node, False),
+        lambda: F.conv2d(_data(2, 5, 2, 2), _data(7, 5, 3, 3), stride=2, padding=1).node, True),
     "strided columns summed per output": (
         lambda: (_data(5, 1, 17) * _data(17, 9).T.reshape(1, 9, 17)).sum(2).node, False),
 }
@@ -64,6 +66,15 @@ def test_strided_operands_are_packed(name):
     steps = schedule(pending_graph([build()]))
     names = {d.name for step in steps for d in _defines(step.kernel.body)}
     assert ("pack" in names) == packed, names
+
+
+def test_a_packed_slice_merges_the_reduction_loops():
+    (step,) = schedule(pending_graph([CASES["stride-2 conv to a 1x1 plane"][0]()]))
+    loops, inner = [], step.kernel.body
+    while inner:
+        loops += [s for s in inner if isinstance(s, ir.Loop) and s.kind == ir.REDUCE]
+        inner = [b for s in inner if isinstance(s, ir.Loop) for b in s.body]
+    assert [loop.extent for loop in loops] == [5 * 2 * 2]
 
 
 def test_the_output_loop_the_weights_do_not_vary_along_is_innermost():
