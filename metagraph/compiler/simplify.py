@@ -103,7 +103,7 @@ def simplify(expr, extents):
         return Const(_fold(expr.op, a.value, b.value))
     if expr.op in ("+", "-", "*"):
         terms, const = linear_terms(Binary(expr.op, a, b))
-        return _sum(terms, const)
+        return _sum(*_recombined(terms, const))
     if expr.op in ("//", "%") and isinstance(b, Const) and b.value > 0:
         return _divide(expr.op, a, b.value, extents)
     if expr.op in ("min", "max", "<", "<=", "==", "!=", "&&", "||"):
@@ -111,6 +111,21 @@ def simplify(expr, extents):
         if folded is not None:
             return folded
     return Binary(expr.op, a, b)
+
+
+def _recombined(terms, const):
+    """(terms, const) with every pair (a % n) * c + (a // n) * (c * n) replaced by a * c (floor
+    division and modulo: a = (a // n) * n + a % n), as a view that splits a dimension by a
+    stride and one that reads both parts back leave them (a pooling window over stride phases)."""
+    for term in [t for t in terms if isinstance(t, Binary) and t.op == "%" and isinstance(t.b, Const)]:
+        whole, coef = Binary("//", term.a, term.b), terms.get(term)
+        if term.b.value > 0 and coef and terms.get(whole) == coef * term.b.value:
+            del terms[term], terms[whole]
+            inner, offset = linear_terms(term.a)
+            for t, c in inner.items():
+                terms[t] = terms.get(t, 0) + c * coef
+            terms, const = {t: c for t, c in terms.items() if c}, const + offset * coef
+    return terms, const
 
 
 def _divide(op, a, n, extents):
