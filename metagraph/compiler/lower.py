@@ -5,8 +5,8 @@ reduction read only by one element-wise kernel, at its own output position, fuse
 kernel as its epilogue (conv + bias + relu is one kernel). A reduction to one value per row of
 an element-wise kernel, read by nothing else (or by another such reduction), is computed inside
 that kernel's loop over rows, before its loop along the row: a row prologue (softmax's max and
-sum: one pass over memory instead of three). A `reindex_reduce` is a scatter: an initialising
-loop, then a loop over its source.
+sum: one pass over memory instead of three). A `reindex_reduce` is a gather or a scatter
+(gather.py).
 """
 import copy
 import hashlib
@@ -14,13 +14,12 @@ import math
 from dataclasses import dataclass, field
 
 from metagraph import dtypes
-from metagraph.compiler import contraction, decompose, ir, rows
-from metagraph.compiler.access import Replace
+from metagraph.compiler import contraction, decompose, gather, ir, rows
 from metagraph.compiler.fusion import materialised
 from metagraph.compiler.nest import ACC_REGISTERS, Nest
-from metagraph.compiler.simplify import simplify, substitute, value_range
+from metagraph.compiler.simplify import simplify, substitute
 from metagraph.errors import IndexOutOfRange, MetagraphError
-from metagraph.expr import Binary, Const, Extra, Var, linear_terms, variables
+from metagraph.expr import Binary, Const, Extra, Var, variables
 
 INDEX_BUDGET = 2000      # expression nodes an index may grow to before its source is materialised
 
@@ -355,11 +354,11 @@ class _Lowering:
     def kernel(self):
         node = self.graph.nodes[self.root]
         out = self.param(self.root, output=True)
-        gathered = self.gathered(node, out) if node.op == "reindex_reduce" else None
+        gathered = gather.gathered(self, node, out) if node.op == "reindex_reduce" else None
         if gathered is not None:
             body, kind = gathered, "g"
         elif node.op == "reindex_reduce":
-            body, kind = self.scatter(node, out), "s"
+            body, kind = gather.scatter(self, node, out), "s"
         else:
             for d, size in enumerate(node.shape):
                 self.extents[d] = size
@@ -386,93 +385,3 @@ class _Lowering:
         bytes past its end; one that existed before (a user's array) has none."""
         node = self.graph.nodes[self.params[param][0]]
         return node.numel + (self.target.slack // node.dtype.itemsize if node.buffer is None else 0)
-
-    def gathered(self, node, out):
-        """A scatter-add whose map can be solved for its source: the same sum as a reduction over
-        each output element's sources (a stride-1 convolution's input gradient is then a
-        convolution, register-blocked like the forward one). None when the map does not solve:
-        every output index must be a sum of source variables with a coefficient +-1 on the
-        longest one, which no other index uses; gathers from index tensors and checked maps stay
-        scatters. The reduction runs over the source variables the output does not determine."""
-        x = node.inputs[0]
-        if node.attrs["op"] != "add" or node.attrs["checked"] or len(node.inputs) > 1 or not x.ndim:
-            return None
-        solved, used = {}, set()
-        for t, expr in enumerate(node.attrs["index_map"]):
-            terms, const = linear_terms(expr)
-            if any(not isinstance(term, Var) for term in terms):
-                return None
-            coefficients = {term.axis: c for term, c in terms.items()}
-            if used & coefficients.keys() or (not coefficients and node.shape[t] != 1):
-                return None
-            used |= coefficients.keys()
-            if not coefficients:
-                continue
-            pick = max(coefficients, key=lambda v: x.shape[v])
-            if abs(coefficients[pick]) != 1:
-                return None
-            solved[pick] = (t, coefficients, const)
-        free = [v for v in range(x.ndim) if v not in solved]
-        renamed = Replace({v: Var(node.ndim + j) for j, v in enumerate(free)})
-        self.extents = {d: size for d, size in enumerate(node.shape)}
-        self.extents.update({node.ndim + j: x.shape[v] for j, v in enumerate(free)})
-        source = []
-        for v in range(x.ndim):
-            if v not in solved:
-                source.append(renamed[v])
-                continue
-            t, coefficients, const = solved[v]
-            rest = Const(const)
-            for u, c in coefficients.items():
-                if u != v:
-                    rest = rest + renamed[u] * c
-            source.append(simplify((Var(t) - rest) * coefficients[v], self.extents))
-        valid = self.inside(tuple(source), x.shape)
-        value = self.value(x, tuple(source), valid)
-        if valid is not None:       # no contribution where no source maps here
-            value = ir.Guard(valid, self.unguarded_reads(value), 0)
-        loops = [(node.ndim + j, x.shape[v]) for j, v in enumerate(free)]
-        result = self.accumulate(node.dtype, 0, "add", loops, value)
-        outer = tuple(Var(d) for d in range(node.ndim))
-        return self.loop_nest(node, ir.Store(out, self.flat(node.shape, outer), result))
-
-    def unguarded_reads(self, value):
-        """The value with the validity test dropped from loads that cannot leave their tensor (a
-        conv weight read for an input gradient). Only under a guard that zeroes what the test
-        excluded: an address inside the tensor can still be outside a dimension."""
-        def walk(v):
-            if isinstance(v, ir.Load) and v.valid is not None:
-                low, high = value_range(v.index, self.extents)
-                inside = 0 <= low and high < math.prod(self.params[v.param][1].shape)
-                return ir.Load(v.param, v.index, v.dtype) if inside else v
-            if isinstance(v, ir.Apply):
-                return ir.Apply(v.op, tuple(walk(a) for a in v.args), v.dtype, v.site)
-            if isinstance(v, ir.Guard):
-                return ir.Guard(v.cond, walk(v.value), v.fill, v.valid, v.check)
-            return v
-        return walk(value)
-
-    def scatter(self, node, out):
-        x = node.inputs[0]
-        init = 0 if node.attrs["op"] == "add" else dtypes.min_value(node.dtype)
-        outer = tuple(Var(d) for d in range(node.ndim))
-        for d, size in enumerate(node.shape):
-            self.extents[d] = size
-        clear = [ir.Store(out, self.flat(node.shape, outer), ir.Scalar(init, node.dtype))]
-        for d in reversed(range(node.ndim)):
-            clear = [ir.Loop(d, node.shape[d], ir.PARALLEL if d == 0 else ir.SERIAL, clear)]
-        self.extents = {d: size for d, size in enumerate(x.shape)}
-        source = tuple(Var(d) for d in range(x.ndim))
-        target = tuple(simplify(self.extras(node, e), self.extents) for e in node.attrs["index_map"])
-        inside = self.inside(target, node.shape)
-        check = self.site(IndexOutOfRange, f"index out of bounds for shape {node.shape}", node) \
-            if node.attrs["checked"] else None
-        body = [ir.ScatterAccumulate(out, self.flat(node.shape, target), node.attrs["op"],
-                                     self.value(x, source, None), inside, check)]
-        # Parallel only over a source variable that alone picks an output row: no two threads
-        # then write the same element. Otherwise serial: a race would corrupt gradients silently.
-        injective = {e.axis for e in target[:1] if isinstance(e, Var)}
-        for d in reversed(range(x.ndim)):
-            kind = ir.PARALLEL if d == 0 and d in injective else ir.SERIAL
-            body = [ir.Loop(d, x.shape[d], kind, body)]
-        return clear + body
