@@ -4,6 +4,7 @@ import pytest
 import metagraph as mg
 from tests.helpers import needs
 import metagraph.nn.functional as F
+from metagraph.compiler import ir
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import schedule
 
@@ -53,6 +54,23 @@ def test_expensive_fan_out_is_materialised_and_cheap_fan_out_recomputed():
     assert len(kernels(cheap + 1, cheap * 3)) == 2          # one kernel per output, cheap recomputed
     costly = (x.exp() + 1).log().sqrt()
     assert len(kernels(costly * costly + costly)) == 2     # costly is computed once
+
+
+def test_a_strided_pooling_window_over_a_small_plane_reads_a_padded_copy():
+    """A 3x3/2 max-pool reads its 16x16 plane's padded copy 1.9 times per element: the copy is
+    made, and the pooling kernel reads it with no bounds test."""
+    x, scale = mg.rand(2, 64, 16, 16), mg.rand(64)
+    steps = kernels(F.max_pool2d(F.relu(x * scale[:, None, None]), 3, 2, 1))
+    assert [s.kernel.name[0] for s in steps] == ["e", "r"]
+
+    def values(body):
+        for statement in body:
+            if isinstance(statement, ir.Loop):
+                yield from values(statement.body)
+            elif getattr(statement, "value", None) is not None:
+                yield from ir.values(statement.value)
+    assert not any(isinstance(v, ir.Guard) or getattr(v, "valid", None) is not None
+                   for v in values(steps[1].kernel.body))
 
 
 def test_expanding_view_of_an_expensive_value_is_materialised():
