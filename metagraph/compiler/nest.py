@@ -120,14 +120,19 @@ class Nest:
     def channel_tile(self, node, value, store, loops, itemsize):
         """A block of one vector along an outer output dimension v (a conv's channels) where the
         output row's vectorised loop would be guarded lane by lane (a conv's input gradient over a
-        small plane: its window's border): the only operand that varies along v, which reads
-        nothing but v and the reduction, is copied per tile of v into a local array with v
-        innermost (`self.pack`, at the start of the tile's loop, which becomes the parallel one),
-        and every other operand and every guard is one scalar for the whole vector. The register
-        block then runs along the row (`register_block`). A _Block, or None."""
+        small plane: its window's border) or read with a stride (a strided conv whose weights take
+        a gradient, so its input is not split into phases: 4.9 -> 1.0 ms in ResNet-18's step):
+        the only operand that varies along v, which reads nothing but v and the reduction, is
+        copied per tile of v into a local array with v innermost (`self.pack`, at the start of the
+        tile's loop, which becomes the parallel one), and every other operand and every guard is
+        one scalar for the whole vector. The register block then runs along the row
+        (`register_block`). A _Block, or None."""
         last, lanes = node.ndim - 1, VECTOR_BYTES // itemsize
+        if last < 1:
+            return None
         guards = [v for v in ir.values(value) if isinstance(v, ir.Guard)]
-        if not any(last in loop_variables(guard) for guard in guards):
+        strided = any(linear_terms(load.index)[0].get(Var(last), 0) not in (0, 1) for load in ir.loads(value))
+        if not strided and contiguous(value, last) and not any(last in loop_variables(g) for g in guards):
             return None
         reduction = [var for var, _ in loops]
         size = lanes * math.prod(extent for _, extent in loops)

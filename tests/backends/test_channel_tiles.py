@@ -1,8 +1,8 @@
 """Channel tiles: a reduction whose output row would be guarded lane by lane (a conv's input
-gradient over a small plane) is vectorised along an outer output dimension instead, the one
-operand that varies along it packed per tile (compiler/nest.py: `Nest.channel_tile`); the C
-code generator turns each lane-uniform mask into a branch around its vector loop. Checked on
-every backend against the oracle, at awkward shapes."""
+gradient over a small plane) or read with a stride (a strided conv) is vectorised along an outer
+output dimension instead, the one operand that varies along it packed per tile
+(compiler/nest.py: `Nest.channel_tile`); the C code generator turns each lane-uniform mask into a
+branch around its vector loop. Checked on every backend against the oracle, at awkward shapes."""
 import numpy as np
 import pytest
 
@@ -47,6 +47,10 @@ CASES = {    # name: (graph, the tiled output dimension or None)
     "float64, 16 channels (8 lanes)": (
         lambda: _input_gradient(_data(2, 16, 3, 3, dtype=np.float64, grad=True),
                                 _data(3, 16, 3, 3, dtype=np.float64), padding=1), 1),
+    # a strided conv whose weights take a gradient reads its input at stride 2 along the row (no
+    # phase split): tiled along its filters
+    "stride-2 forward conv, weights with a gradient": (
+        lambda: F.conv2d(_data(2, 8, 9, 7), _data(32, 8, 3, 3, grad=True), stride=2, padding=1).node, 1),
     # too few channels for two tiles: the row tile as before
     "4x4 plane, 24 channels": (
         lambda: _input_gradient(_data(2, 24, 4, 4, grad=True), _data(5, 24, 3, 3), padding=1), None),
