@@ -126,8 +126,11 @@ class Nest:
         copied per tile of v into a local array with v innermost (`self.pack`, at the start of the
         tile's loop, which becomes the parallel one), and every other operand and every guard is
         one scalar for the whole vector. The register block then runs along the row
-        (`register_block`). A _Block, or None."""
-        last, lanes = node.ndim - 1, VECTOR_BYTES // itemsize
+        (`register_block`). The row is the last dimension longer than 1 (a 1x1 stride-2 conv's
+        weight gradient (512, 256, 1, 1) reads its 256-long row 4 floats apart: 4.4 -> 0.2 ms).
+        A _Block, or None."""
+        lanes = VECTOR_BYTES // itemsize
+        last = max((d for d in range(node.ndim) if node.shape[d] > 1), default=0)   # the row
         if last < 1:
             return None
         guards = [v for v in ir.values(value) if isinstance(v, ir.Guard)]

@@ -28,6 +28,12 @@ def _input_gradient(x, w, **conv):
     return gradients([out.node], [seed])[x.node.id]
 
 
+def _weight_gradient(x, w, **conv):
+    out = F.conv2d(x, w, **conv)
+    seed = mg.tensor(R.standard_normal(out.shape).astype(x.dtype.np)).node
+    return gradients([out.node], [seed])[w.node.id]
+
+
 CASES = {    # name: (graph, the tiled output dimension or None)
     "4x4 plane, 32 channels": (
         lambda: _input_gradient(_data(2, 32, 4, 4, grad=True), _data(5, 32, 3, 3), padding=1), 1),
@@ -51,6 +57,10 @@ CASES = {    # name: (graph, the tiled output dimension or None)
     # phase split): tiled along its filters
     "stride-2 forward conv, weights with a gradient": (
         lambda: F.conv2d(_data(2, 8, 9, 7), _data(32, 8, 3, 3, grad=True), stride=2, padding=1).node, 1),
+    # a 1x1 stride-2 conv's weight gradient (32, 8, 1, 1): its row is the 8 input channels (the
+    # size-1 dimensions after it do not count), which it reads 16 floats apart
+    "1x1 stride-2 conv weight gradient": (
+        lambda: _weight_gradient(_data(3, 8, 4, 4), _data(32, 8, 1, 1, grad=True), stride=2), 0),
     # too few channels for two tiles: the row tile as before
     "4x4 plane, 24 channels": (
         lambda: _input_gradient(_data(2, 24, 4, 4, grad=True), _data(5, 24, 3, 3), padding=1), None),
