@@ -19,11 +19,13 @@ def _attrs_key(attrs):
 
 
 def pending_graph(outputs):
-    """Walk from the outputs down to realised buffers (iteratively: graphs can be deep)."""
+    """Walk from the outputs down to realised buffers (iteratively: graphs can be deep). Runs at
+    every realisation: written for speed (no generators in the loop)."""
     position, nodes, signature = {}, [], []
     stack = [(node, False) for node in reversed(outputs)]
+    pop, push = stack.pop, stack.append
     while stack:
-        node, expanded = stack.pop()
+        node, expanded = pop()
         if node.id in position:
             continue
         if node.buffer is not None and node.op != "const":   # a realised constant stays a constant
@@ -31,14 +33,17 @@ def pending_graph(outputs):
             nodes.append(node)
             signature.append(("buffer", node.shape, node.dtype))
             continue
+        inputs = node.inputs
         if not expanded:
-            stack.append((node, True))
-            stack.extend((source, False) for source in reversed(node.inputs) if source.id not in position)
+            push((node, True))
+            for source in reversed(inputs):
+                if source.id not in position:
+                    push((source, False))
             continue
         position[node.id] = len(nodes)
         nodes.append(node)
         if node.signature is None:
             node.signature = (node.op, _attrs_key(node.attrs), node.shape, node.dtype)
-        signature.append((node.signature, tuple(position[source.id] for source in node.inputs)))
+        signature.append((node.signature, tuple([position[source.id] for source in inputs])))
     output_positions = [position[node.id] for node in outputs]
     return PendingGraph(nodes, output_positions, (tuple(signature), tuple(output_positions)), position)
