@@ -22,36 +22,31 @@ def _data(*shape, dtype=np.float32, grad=False):
     return mg.tensor(R.standard_normal(shape).astype(dtype), requires_grad=grad)
 
 
-def _input_gradient(x, w, **conv):
+def _gradient(x, w, of="x", **conv):
+    """The graph of conv2d(x, w)'s gradient with respect to x or w, for a random seed."""
     out = F.conv2d(x, w, **conv)
     seed = mg.tensor(R.standard_normal(out.shape).astype(x.dtype.np)).node
-    return gradients([out.node], [seed])[x.node.id]
-
-
-def _weight_gradient(x, w, **conv):
-    out = F.conv2d(x, w, **conv)
-    seed = mg.tensor(R.standard_normal(out.shape).astype(x.dtype.np)).node
-    return gradients([out.node], [seed])[w.node.id]
+    return gradients([out.node], [seed])[(x if of == "x" else w).node.id]
 
 
 CASES = {    # name: (graph, the tiled output dimension or None)
     "4x4 plane, 32 channels": (
-        lambda: _input_gradient(_data(2, 32, 4, 4, grad=True), _data(5, 32, 3, 3), padding=1), 1),
+        lambda: _gradient(_data(2, 32, 4, 4, grad=True), _data(5, 32, 3, 3), padding=1), 1),
     "3x5 plane, 48 channels, batch 1": (
-        lambda: _input_gradient(_data(1, 48, 3, 5, grad=True), _data(7, 48, 3, 3), padding=1), 1),
+        lambda: _gradient(_data(1, 48, 3, 5, grad=True), _data(7, 48, 3, 3), padding=1), 1),
     "5x4 plane, 2x3 taps, batch 3": (
-        lambda: _input_gradient(_data(3, 32, 5, 4, grad=True), _data(3, 32, 2, 3), padding=1), 1),
+        lambda: _gradient(_data(3, 32, 5, 4, grad=True), _data(3, 32, 2, 3), padding=1), 1),
     # no guard where every tap reads the whole plane: a 2x2 plane's gradient sums over the plane
     # (more taps than positions); taps that read only padding are dropped
     "2x2 plane, 3x3 taps": (
-        lambda: _input_gradient(_data(3, 32, 2, 2, grad=True), _data(3, 32, 3, 3), padding=1), None),
+        lambda: _gradient(_data(3, 32, 2, 2, grad=True), _data(3, 32, 3, 3), padding=1), None),
     "2x2 plane, padding 2, 5x5 taps": (
-        lambda: _input_gradient(_data(3, 32, 2, 2, grad=True), _data(3, 32, 5, 5), padding=2), None),
+        lambda: _gradient(_data(3, 32, 2, 2, grad=True), _data(3, 32, 5, 5), padding=2), None),
     "7x3 plane, dilation 2": (
-        lambda: _input_gradient(_data(2, 32, 7, 3, grad=True), _data(4, 32, 3, 3), padding=2, dilation=2),
+        lambda: _gradient(_data(2, 32, 7, 3, grad=True), _data(4, 32, 3, 3), padding=2, dilation=2),
         1),
     "float64, 16 channels (8 lanes)": (
-        lambda: _input_gradient(_data(2, 16, 3, 3, dtype=np.float64, grad=True),
+        lambda: _gradient(_data(2, 16, 3, 3, dtype=np.float64, grad=True),
                                 _data(3, 16, 3, 3, dtype=np.float64), padding=1), 1),
     # a strided conv whose weights take a gradient reads its input at stride 2 along the row (no
     # phase split): tiled along its filters
@@ -60,10 +55,10 @@ CASES = {    # name: (graph, the tiled output dimension or None)
     # a 1x1 stride-2 conv's weight gradient (32, 8, 1, 1): its row is the 8 input channels (the
     # size-1 dimensions after it do not count), which it reads 16 floats apart
     "1x1 stride-2 conv weight gradient": (
-        lambda: _weight_gradient(_data(3, 8, 4, 4), _data(32, 8, 1, 1, grad=True), stride=2), 0),
+        lambda: _gradient(_data(3, 8, 4, 4), _data(32, 8, 1, 1, grad=True), of="w", stride=2), 0),
     # too few channels for two tiles: the row tile as before
     "4x4 plane, 24 channels": (
-        lambda: _input_gradient(_data(2, 24, 4, 4, grad=True), _data(5, 24, 3, 3), padding=1), None),
+        lambda: _gradient(_data(2, 24, 4, 4, grad=True), _data(5, 24, 3, 3), padding=1), None),
     # no guard: the forward conv reads a zero-bordered copy
     "forward conv over a 4x4 plane": (
         lambda: F.conv2d(_data(2, 8, 4, 4), _data(32, 8, 3, 3), padding=1).node, None),
