@@ -76,8 +76,8 @@ def materialised(graph):
             # a padded copy pays even where a window reads its elements fewer than twice each on
             # average: a 3x3/2 max-pool over a 16x16 plane (1.9 reads) 5.4 -> 0.2 ms + 0.4 to copy
             ratio = node.numel / max(node.inputs[0].numel, 1)
-            if node.inputs[0].numel >= SMALL and (int(ratio) > 1 and cost[source] * int(ratio) > EXPAND_BUDGET
-                                                  or ratio > 1 and _padded(node.inputs[0])):
+            expensive = int(ratio) > 1 and cost[source] * int(ratio) > EXPAND_BUDGET
+            if node.inputs[0].numel >= SMALL and (expensive or (ratio > 1 and _padded(node.inputs[0]))):
                 chosen.add(source)
                 cost[k] = 0
     return chosen
