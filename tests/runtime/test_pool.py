@@ -1,5 +1,6 @@
 """The executor's buffer pool: a large array is reused once nothing refers to it, never before."""
 import sys
+import threading
 
 import numpy as np
 
@@ -59,3 +60,22 @@ def test_empty_cache_releases_what_no_one_uses():
     mg.empty_cache()
     assert POOL.held == sum(len(b) * n for n, b in POOL.arrays.items()) >= kept.nbytes
     assert all(sys.getrefcount(raw) > 3 for bucket in POOL.arrays.values() for raw in bucket)
+
+
+def test_threads_that_realise_at_once_never_share_an_array():
+    x = mg.tensor(np.arange(2 * COUNT, dtype=np.float32))
+    want = np.arange(2 * COUNT, dtype=np.float32)
+    failures = []
+
+    def work(k):
+        for _ in range(30):
+            got = (x * float(k)).numpy()
+            if not np.array_equal(got, want * k):
+                failures.append(k)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in (2, 3, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
