@@ -29,10 +29,18 @@ class IndexOutOfRange(MetagraphError, IndexError):
     """An index outside a tensor's bounds."""
 
 
+_PACKAGE_CODE = set()     # the package's code objects met so far (asked at every new node)
+
+
 def user_location():
     """The (file, line) of the innermost stack frame outside the metagraph package."""
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    while frame is not None:
+        code = frame.f_code
+        if code not in _PACKAGE_CODE:
+            if not code.co_filename.startswith(_PACKAGE_DIR):
+                break
+            _PACKAGE_CODE.add(code)
         frame = frame.f_back
     if frame is None:
         return ("<unknown>", 0)

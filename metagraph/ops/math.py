@@ -95,6 +95,10 @@ def expand(x, shape):
 
 def operands(op, *xs, dtype=None):
     """Nodes of one broadcast shape and one dtype (promoted unless `dtype` is given)."""
+    first = xs[0]
+    if is_node(first) and (dtype is None or dtype == first.dtype) and all(
+            is_node(x) and x.shape == first.shape and x.dtype == first.dtype for x in xs[1:]):
+        return list(xs)        # nothing to promote or broadcast (most operands, at every call)
     dtype = dtype or result_type(*xs)
     shapes = [x.shape for x in xs if is_node(x)]
     same = shapes and all(s == shapes[0] for s in shapes)

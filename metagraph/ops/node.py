@@ -30,8 +30,12 @@ class Node:
         self.dtype = dtype
         self.location = user_location()
         if requires_grad is None:
-            requires_grad = (GradMode.enabled and dtype.is_float
-                             and any(i.requires_grad for i in self.inputs))
+            requires_grad = False
+            if GradMode.enabled and dtype.is_float:
+                for source in self.inputs:
+                    if source.requires_grad:
+                        requires_grad = True
+                        break
         self.requires_grad = requires_grad
         self.leaf = not self.inputs      # autograd stops at leaves
         self.buffer = buffer
