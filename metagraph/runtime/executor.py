@@ -1,5 +1,4 @@
 """Runs a schedule: allocates each kernel's output, launches it, reports run-time errors."""
-import math
 import sys
 import time
 
@@ -58,10 +57,7 @@ def empty_cache():
 def allocate(shape, dtype):
     """An uninitialised array of `shape` and `dtype`, followed by SLACK_BYTES zero bytes (every
     itemsize divides SLACK_BYTES)."""
-    numel = math.prod(shape)
-    raw = POOL.take(numel + SLACK_BYTES // np.dtype(dtype).itemsize, dtype)
-    raw[numel:] = 0
-    return raw[:numel].reshape(shape)
+    return POOL.take(shape, dtype, SLACK_BYTES)
 
 
 def _raise(graph, step, site):

@@ -6,8 +6,10 @@ page-faults on its first write, inside the kernel that writes it: ResNet-18's 9 
 took 7.7 ms per call instead of 1.4. The pool keeps such arrays once their last user has dropped
 them and hands them out again for the same size.
 """
+import math
 import sys
 import threading
+import weakref
 
 import numpy as np
 
@@ -16,43 +18,61 @@ POOL_MAX = 1 << 30           # bytes the pool may hold, in use or free
 
 
 class Pool:
-    """Raw byte arrays by size. An array is free when nothing but the pool refers to it: every
-    array handed out is a view, which refers to its raw array until it is freed itself. A lock
-    keeps two threads that realise at once from taking the same free array."""
+    """Raw byte arrays by size. Each array handed out is a view of one; when it is freed, its raw
+    array is returned (a finalizer), and taken again if nothing else still refers to it (a view
+    the user took of it); one that is still referred to leaves the pool, and its memory goes back
+    to malloc with its last view. A lock keeps threads that realise at once apart."""
 
     def __init__(self, limit=POOL_MAX):
-        self.limit, self.held, self.arrays = limit, 0, {}
+        self.limit, self.held = limit, 0
+        self.arrays = {}       # nbytes -> {id: raw array} for every array the pool holds
+        self.returned = {}     # nbytes -> raw arrays whose handed-out view has been freed
         self.lock = threading.Lock()
 
-    def take(self, count, dtype):
-        """A 1-D array of `count` elements of numpy `dtype` that no one else uses."""
-        nbytes = count * np.dtype(dtype).itemsize
-        if nbytes < POOLED_MIN:
-            return np.empty(count, dtype)
-        with self.lock:
-            return self._take(nbytes, count, dtype)
+    def take(self, shape, dtype, slack=0):
+        """An uninitialised array of `shape` and numpy `dtype`, followed by `slack` zero bytes
+        (a multiple of the itemsize)."""
+        dtype = np.dtype(dtype)
+        numel = math.prod(shape)
+        count = numel + slack // dtype.itemsize
+        nbytes, raw = count * dtype.itemsize, None
+        if nbytes >= POOLED_MIN:
+            with self.lock:
+                raw = self._raw(nbytes)
+        flat = np.empty(count, dtype) if raw is None else raw.view(dtype)
+        flat[numel:] = 0
+        out = flat[:numel].reshape(shape)
+        if raw is not None:
+            weakref.finalize(out, self.returned.setdefault(nbytes, []).append, raw)
+        return out
 
-    def _take(self, nbytes, count, dtype):
-        bucket = self.arrays.setdefault(nbytes, [])
-        for raw in bucket:
-            if sys.getrefcount(raw) == 3:     # the bucket, the loop variable and the call
-                return raw.view(dtype)
+    def _raw(self, nbytes):
+        """A raw array of `nbytes` no one uses, or None past the limit."""
+        returned = self.returned.get(nbytes, [])
+        while returned:
+            raw = returned.pop()
+            if sys.getrefcount(raw) == 3:      # the pool's table, `raw` and the call
+                return raw
+            self._forget(nbytes, raw)          # a view of it outlived the array handed out
         if self.held + nbytes > self.limit:
             self._release()
             if self.held + nbytes > self.limit:
-                return np.empty(count, dtype)
+                return None
         raw = np.empty(nbytes, np.uint8)
-        bucket.append(raw)
+        self.arrays.setdefault(nbytes, {})[id(raw)] = raw
         self.held += nbytes
-        return raw.view(dtype)
+        return raw
+
+    def _forget(self, nbytes, raw):
+        del self.arrays[nbytes][id(raw)]
+        self.held -= nbytes
 
     def release(self):
-        """Drop every free array (their memory goes back to malloc)."""
+        """Drop every free array (its memory goes back to malloc)."""
         with self.lock:
             self._release()
 
     def _release(self):
-        for nbytes, bucket in self.arrays.items():
-            kept = [raw for raw in bucket if sys.getrefcount(raw) > 3]   # the bucket, raw, the call
-            self.held -= nbytes * (len(bucket) - len(kept))
-            bucket[:] = kept
+        for nbytes, returned in self.returned.items():
+            while returned:
+                self._forget(nbytes, returned.pop())

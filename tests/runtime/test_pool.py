@@ -1,5 +1,4 @@
 """The executor's buffer pool: a large array is reused once nothing refers to it, never before."""
-import sys
 import threading
 
 import numpy as np
@@ -16,30 +15,50 @@ def _address(array):
 
 def test_a_dropped_array_is_handed_out_again():
     pool = Pool()
-    first = pool.take(COUNT, np.float32)
+    first = pool.take((COUNT,), np.float32, slack=128)
     address = _address(first)
     del first
-    again = pool.take(COUNT, np.int32)
-    assert _address(again) == address and again.dtype == np.int32 and again.shape == (COUNT,)
+    again = pool.take((4, COUNT // 4), np.int32, slack=128)
+    assert _address(again) == address and again.dtype == np.int32 and again.shape == (4, COUNT // 4)
+    assert pool.held == COUNT * 4 + 128
 
 
-def test_an_array_in_use_is_never_handed_out():
+def test_the_slack_past_an_array_is_zero():
     pool = Pool()
-    first = pool.take(COUNT, np.float32)
-    kept = first[10:20].reshape(2, 5)       # a view keeps the memory in use
+    first = pool.take((COUNT,), np.float32, slack=128)
+    first.base[first.nbytes:] = 255
     del first
-    second = pool.take(COUNT, np.float32)
-    assert _address(second) != _address(kept) - 40
-    assert pool.held == 2 * COUNT * 4
+    again = pool.take((COUNT,), np.float32, slack=128)
+    assert not again.base[again.nbytes:].any()
+
+
+def test_an_array_a_view_still_reads_is_never_handed_out():
+    pool = Pool()
+    first = pool.take((COUNT,), np.float32)
+    kept = first[10:20].reshape(2, 5)       # a view keeps the memory in use: it leaves the pool
+    kept[:] = 7
+    del first
+    second = pool.take((COUNT,), np.float32)
+    second[:] = 0
+    assert (kept == 7).all() and pool.held == COUNT * 4
+
+
+def test_many_live_arrays_do_not_slow_a_take():
+    pool = Pool()
+    live = [pool.take((COUNT,), np.float32) for _ in range(200)]
+    del live[-1]
+    again = pool.take((COUNT,), np.float32)
+    assert pool.held == 200 * COUNT * 4 and again.shape == (COUNT,)
+    assert sum(len(r) for r in pool.returned.values()) == 0
 
 
 def test_small_arrays_and_arrays_past_the_limit_are_not_pooled():
     pool = Pool(limit=3 * COUNT * 4)
-    assert pool.take(16, np.float32).shape == (16,) and pool.held == 0
-    a, b = pool.take(2 * COUNT, np.float32), pool.take(2 * COUNT, np.float32)
+    assert pool.take((16,), np.float32).shape == (16,) and pool.held == 0
+    a, b = pool.take((2 * COUNT,), np.float32), pool.take((2 * COUNT,), np.float32)
     assert pool.held == 2 * COUNT * 4 and b.shape == (2 * COUNT,)
     del a
-    c = pool.take(2 * COUNT - 256, np.float32)     # another size: the free array makes room
+    c = pool.take((2 * COUNT - 256,), np.float32)     # another size: the free array makes room
     assert pool.held == (2 * COUNT - 256) * 4 and c.shape == (2 * COUNT - 256,)
 
 
@@ -57,9 +76,12 @@ def test_empty_cache_releases_what_no_one_uses():
     x = mg.tensor(np.ones(3 * COUNT, dtype=np.float32))
     kept = (x * 2).numpy()
     (x + 1).numpy()
+    alive = (x * 3)
+    alive.numpy()
     mg.empty_cache()
-    assert POOL.held == sum(len(b) * n for n, b in POOL.arrays.items()) >= kept.nbytes
-    assert all(sys.getrefcount(raw) > 3 for bucket in POOL.arrays.values() for raw in bucket)
+    assert POOL.held == sum(len(b) * n for n, b in POOL.arrays.items()) >= alive.numpy().nbytes
+    assert not any(POOL.returned.values())
+    assert (kept == 2).all() and (alive.numpy() == 3).all()
 
 
 def test_threads_that_realise_at_once_never_share_an_array():
