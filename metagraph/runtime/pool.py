@@ -43,7 +43,7 @@ class Pool:
         flat[numel:] = 0
         out = flat[:numel].reshape(shape)
         if raw is not None:
-            weakref.finalize(out, self.returned.setdefault(nbytes, []).append, raw)
+            weakref.finalize(out, self.returned.setdefault(nbytes, []).append, raw).atexit = False
         return out
 
     def _raw(self, nbytes):
