@@ -3,8 +3,11 @@ gradient over a small plane) or read with a stride (a strided conv) is vectorise
 output dimension instead, the one operand that varies along it packed per tile
 (compiler/nest.py: `Nest.channel_tile`); the C code generator turns each lane-uniform mask into a
 branch around its vector loop. Checked on every backend against the oracle, at awkward shapes."""
+import os
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import metagraph as mg
 import metagraph.nn.functional as F
@@ -103,3 +106,25 @@ def test_lane_uniform_masks_become_branches_in_c():
                if s.kernel.name.startswith("g_")]
     source = c.render([step.kernel])
     assert "if ((" in source and "? fmaf(" not in source
+
+
+# derandomised like the random graphs (the kernel cache then serves CI); more with
+# METAGRAPH_HYPOTHESIS_EXAMPLES and METAGRAPH_HYPOTHESIS_RANDOM=1
+@settings(max_examples=int(os.environ.get("METAGRAPH_HYPOTHESIS_EXAMPLES", 12)), deadline=None,
+          derandomize=not os.environ.get("METAGRAPH_HYPOTHESIS_RANDOM"),
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(1, 3), st.sampled_from([32, 48]), st.integers(1, 6), st.integers(1, 6),
+       st.integers(1, 3), st.integers(1, 3), st.integers(0, 2), st.integers(1, 2))
+@pytest.mark.parametrize("backend", ["c", "llvm"], indirect=True)
+def test_random_convs_and_their_gradients_match_the_oracle(backend, batch, channels, height, width,
+                                                           kh, kw, padding, stride):
+    """Forward, input and weight gradients of random convs with enough channels for channel tiles
+    (guarded, strided or neither) on the code generators against the oracle."""
+    if height + 2 * padding < kh or width + 2 * padding < kw:
+        return
+    conv = dict(padding=padding, stride=stride)
+    x, w = _data(batch, channels, height, width, grad=True), _data(channels, channels, kh, kw, grad=True)
+    out = F.conv2d(x, w, **conv)
+    seed = mg.tensor(R.standard_normal(out.shape).astype(np.float32)).node
+    grads = gradients([out.node], [seed])
+    against_oracle(backend, [out.node, grads[x.node.id], grads[w.node.id]])
