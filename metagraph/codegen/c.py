@@ -90,13 +90,9 @@ class Renderer:
             return names[id(value)]
         if isinstance(value, ir.Scalar):
             return scalar(value.value, value.dtype)
-        if isinstance(value, ir.Ref) and value.index is None:
-            return value.name
         if isinstance(value, ir.Ref):
-            # read into a temporary: inside a masked multiply-add's branch, GCC 12 turns it into
-            # a masked load it then cannot vectorise (a channel tile's packed operand)
-            text, dtype = f"{value.name}[{self.index(value.index)}]", value.dtype
-        elif isinstance(value, ir.IndexValue):
+            return value.name if value.index is None else f"{value.name}[{self.index(value.index)}]"
+        if isinstance(value, ir.IndexValue):
             text = f"(({CTYPE[value.dtype.name]})({self.index(value.expr)}))"
             dtype = value.dtype
         elif isinstance(value, ir.Load):
@@ -164,7 +160,7 @@ class Renderer:
                     self.value(load, before, shared)
                 branches = self.branches(s, shared)
                 if branches is not None:
-                    return {"kind": "lines", "lines": before, "body": branches}
+                    return {"kind": "group", "lines": before, "body": branches}
             return {"kind": "loop", "var": s.var, "extent": s.extent, "pragma": pragma, "after": after,
                     "before": before, "body": [self.statement(b, shared) for b in s.body]}
         lines, names = [], {} if names is None else names
@@ -229,20 +225,23 @@ class Renderer:
         return f"if ({nan}{v} > {target}) {target} = {v};"
 
     def branches(self, loop, shared):
-        """A register block's vector loop as one loop per accumulation, each inside `if` its
-        condition, where every masked multiply-add's condition is the same for all lanes (a
+        """A register block's vector loop as one loop per accumulation, inside `if` its condition
+        where it has one, when the masked multiply-adds' conditions are the same for all lanes (a
         channel tile's, along the window's border). GCC 12 does not vectorise a select on a
         condition that does not vary along the loop: 7.6 ms per call as scalar code, 1.5 as
         branches (ResNet-18's input gradient over a 4x4 plane). None otherwise."""
         products = [fused_product(b, self.accumulators[b.name].dtype) for b in loop.body]
-        if any(p is None or p[2] is None or loop.var in variables(p[2]) for p in products):
+        if any(p is None or p[2] is not None and loop.var in variables(p[2]) for p in products) or \
+                all(p[2] is None for p in products):
             return None
         branches = []
-        for b, product in zip(loop.body, products):
-            unmasked = ir.Accumulate(b.name, b.op, b.value.value, b.index)
+        for b, (_, _, cond) in zip(loop.body, products):
+            unmasked = b if cond is None else ir.Accumulate(b.name, b.op, b.value.value, b.index)
             inner = {"kind": "loop", "var": loop.var, "extent": loop.extent, "pragma": "simd", "after": [],
                      "before": [], "body": [self.statement(unmasked, dict(shared))]}
-            branches.append({"kind": "if", "cond": self.index(product[2]), "body": [inner]})
+            if cond is not None:
+                inner = {"kind": "if", "cond": self.index(cond), "body": [inner]}
+            branches.append(inner)
         return branches
 
     def pragma(self, loop):
@@ -266,13 +265,12 @@ class Renderer:
 
 
 def _invariant_loads(loop):
-    """The loads in a vector loop's body whose address and condition do not vary along it. They
-    are read before the loop: GCC 12 otherwise sinks a weight read into a masked multiply-add's
-    branch and then cannot vectorise the masked load of one address (a guarded conv input
-    gradient ran scalar, 11 GFLOP/s; 34 with its weights read first), nor a guarded load of one
-    address (a channel tile's input gradient ran scalar)."""
+    """The unconditional loads in a vector loop's body that do not vary along it. They are read
+    before the loop: GCC 12 otherwise sinks a weight read into a masked multiply-add's branch and
+    then cannot vectorise the masked load of one address (a guarded conv input gradient ran
+    scalar, 11 GFLOP/s; 34 with its weights read first)."""
     found = {id(load): load for statement in loop.body for load in ir.loads(statement.value)
-             if not any(loop.var in variables(expr) for expr in ir.index_expressions(load))}
+             if load.valid is None and loop.var not in variables(load.index)}
     return list(found.values())
 
 

@@ -31,6 +31,11 @@ ROW_MIN, ROW_MAX = 8, 1024   # output rows this long are accumulated whole, thei
 ACC_REGISTERS = 32
 
 
+def _unless_true(cond):
+    """A condition, or None where it folded to a constant that holds (no test needed)."""
+    return None if isinstance(cond, Const) and cond.value else cond
+
+
 @dataclass
 class _Block:
     """The output elements a reduction accumulates at once: `block` are their loop variables
@@ -357,7 +362,7 @@ class Nest:
                 return memo[id(v)]
             out = v         # values the mapping does not change stay the same objects (shared)
             if isinstance(v, ir.Load):
-                parts = (index(v.index), index(v.valid))
+                parts = (index(v.index), _unless_true(index(v.valid)))
                 if parts != (v.index, v.valid):
                     out = ir.Load(v.param, parts[0], v.dtype, parts[1])
             elif isinstance(v, ir.IndexValue):
@@ -366,7 +371,9 @@ class Nest:
                     out = ir.IndexValue(expr, v.dtype)
             elif isinstance(v, ir.Guard):
                 parts = (index(v.cond), walk(v.value), index(v.valid))
-                if parts != (v.cond, v.value, v.valid):
+                if _unless_true(parts[0]) is None:      # holds everywhere (a block's inner row)
+                    out = parts[1]
+                elif parts != (v.cond, v.value, v.valid):
                     out = ir.Guard(parts[0], parts[1], v.fill, parts[2], v.check)
             elif isinstance(v, ir.Apply):
                 args = tuple(walk(a) for a in v.args)

@@ -37,6 +37,9 @@ CASES = {    # name: (graph, the tiled output dimension or None)
         lambda: _gradient(_data(2, 32, 4, 4, grad=True), _data(5, 32, 3, 3), padding=1), 1),
     "3x5 plane, 48 channels, batch 1": (
         lambda: _gradient(_data(1, 48, 3, 5, grad=True), _data(7, 48, 3, 3), padding=1), 1),
+    # a 1x3 window guards only the row's first and last positions: the others accumulate unmasked
+    "3x8 plane, 1x3 taps (interior positions unguarded)": (
+        lambda: _gradient(_data(2, 32, 3, 8, grad=True), _data(4, 32, 1, 3), padding=(0, 1)), 1),
     "5x4 plane, 2x3 taps, batch 3": (
         lambda: _gradient(_data(3, 32, 5, 4, grad=True), _data(3, 32, 2, 3), padding=1), 1),
     # no guard where every tap reads the whole plane: a 2x2 plane's gradient sums over the plane
@@ -106,6 +109,15 @@ def test_lane_uniform_masks_become_branches_in_c():
                if s.kernel.name.startswith("g_")]
     source = c.render([step.kernel])
     assert "if ((" in source and "? fmaf(" not in source
+
+
+@pytest.mark.parametrize("name", sorted(name for name, (_, tiled) in CASES.items() if tiled is not None))
+def test_no_channel_tile_keeps_a_masked_multiply_add_in_c(name):
+    """Accumulations whose guard folded away (a position every tap reads) run unbranched beside
+    the branched ones: the vector loop is never left with a select GCC would not vectorise."""
+    for step in schedule(pending_graph([CASES[name][0]()])):
+        source = c.render([step.kernel])
+        assert "? fmaf(" not in source and "? fma(" not in source
 
 
 # derandomised like the random graphs (the kernel cache then serves CI); more with

@@ -29,12 +29,11 @@ void r_2x4x6x6_c6af2e61(char **restrict args, int64_t *restrict err) {
                 for (int64_t i7 = 0; i7 < 4; i7++) {
                     #pragma omp simd
                     for (int64_t i3 = 0; i3 < 6; i3++) {
-                        float t5 = acc[(i3 + (i7 * 6))];
-                        float t6 = p3[((i1 * 4) + i7)];
-                        float t7 = (t5 + t6);
-                        uint8_t t8 = (((float)0.0) < t7);
-                        float t9 = (t8 ? t7 : ((float)0.0));
-                        p0[(((((i0 * 144) + (i1 * 144)) + (i2 * 6)) + i3) + (i7 * 36))] = t9;
+                        float t5 = p3[((i1 * 4) + i7)];
+                        float t6 = (acc[(i3 + (i7 * 6))] + t5);
+                        uint8_t t7 = (((float)0.0) < t6);
+                        float t8 = (t7 ? t6 : ((float)0.0));
+                        p0[(((((i0 * 144) + (i1 * 144)) + (i2 * 6)) + i3) + (i7 * 36))] = t8;
                     }
                 }
             }

@@ -15,8 +15,7 @@ void r_4x9_b0ab1a26(char **restrict args, int64_t *restrict err) {
         }
         #pragma omp simd
         for (int64_t i1 = 0; i1 < 9; i1++) {
-            float t2 = acc[i1];
-            p0[((i0 * 9) + i1)] = t2;
+            p0[((i0 * 9) + i1)] = acc[i1];
         }
     }
 }
