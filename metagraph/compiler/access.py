@@ -10,12 +10,12 @@ ACC_MAX = 2048     # elements of a register-blocked accumulator (8 KiB of float3
 VECTOR_BYTES = 64  # one AVX-512 register: the loop nest's unit of vectorisation
 
 
-def contiguous(value, var):
-    """Whether every load's address moves by a small constant stride (0 to STRIDE_MAX elements)
+def contiguous(value, var, stride_max=STRIDE_MAX):
+    """Whether every load's address moves by a small constant stride (0 to `stride_max` elements)
     per step of loop variable `var`."""
     for load in ir.loads(value):
         terms, _ = linear_terms(load.index)
-        if any(var in variables(term) and (not isinstance(term, Var) or not 0 <= coef <= STRIDE_MAX)
+        if any(var in variables(term) and (not isinstance(term, Var) or not 0 <= coef <= stride_max)
                for term, coef in terms.items()):
             return False
     return True

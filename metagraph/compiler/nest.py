@@ -139,8 +139,7 @@ class Nest:
         if last < 1:
             return None
         guards = [v for v in ir.values(value) if isinstance(v, ir.Guard)]
-        strided = any(linear_terms(load.index)[0].get(Var(last), 0) not in (0, 1) for load in ir.loads(value))
-        if not strided and contiguous(value, last) and not any(last in loop_variables(g) for g in guards):
+        if contiguous(value, last, stride_max=1) and not any(last in loop_variables(g) for g in guards):
             return None
         reduction = [var for var, _ in loops]
         size = lanes * math.prod(extent for _, extent in loops)
@@ -161,16 +160,9 @@ class Nest:
         mapping = Replace({v: Var(v) * lanes + Var(lane)})
         value, store = self.substituted(value, mapping), self.stored(store, mapping)
         (operand,) = [x for x in ir.loads(value) if lane in loop_variables(x)]
-        copied = list(loops) + [(lane, lanes)]
-        fresh = {var: Var(max(self.extents) + 1 + k) for k, (var, _) in enumerate(copied)}
-        self.extents.update({fresh[var].axis: extent for var, extent in copied})
-        copy = [ir.Assign("pack", self.flat_index(copied, fresh), self.substituted(operand, Replace(fresh)))]
-        for var, extent in reversed(copied):
-            copy = [ir.Loop(fresh[var].axis, extent, ir.SERIAL, copy)]
-        self.pack = (v, [ir.Define("pack", operand.dtype, None, size=math.prod(e for _, e in copied))] + copy)
-        packed = ir.Ref("pack", operand.dtype, self.flat_index(copied, {var: Var(var) for var, _ in copied}))
+        value = self.copied(value, operand, list(loops) + [(lane, lanes)], v)
         outer = [v] + [d for d in range(node.ndim) if d != v]
-        return _Block(ir.replaced(value, {id(operand): packed}), store, outer, [lane])
+        return _Block(value, store, outer, [lane])
 
     def packed(self, value, loops, order):
         """The dot products' value with their largest operand read from a local copy (`self.pack`)
@@ -192,17 +184,24 @@ class Nest:
                 [terms.get(Var(var), 0) for var in reduction] == flat or \
                 size * largest.dtype.itemsize > PACK_BYTES:
             return value
-        # the copy's loops: the reduction's, renamed (size-1 output dimensions read at 0)
+        return self.copied(value, largest, loops, varying[-2] if len(varying) > 1 else None,
+                           {d: Const(0) for d in order[len(varying):]})   # size-1 dimensions at 0
+
+    def copied(self, value, operand, loops, at, fixed=None):
+        """`value` reading `operand` from a local array `pack` (`self.pack`), which loops over
+        `loops` (variable, extent), renamed, copy into in their row-major order at the start of
+        the loop over output variable `at` (None: the kernel's body); `fixed` sets variables the
+        copy reads at one value."""
         fresh = {var: Var(max(self.extents) + 1 + k) for k, (var, _) in enumerate(loops)}
         self.extents.update({fresh[var].axis: extent for var, extent in loops})
-        renamed = Replace({**{d: Const(0) for d in order[len(varying):]}, **fresh})
-        copy = [ir.Assign("pack", self.flat_index(loops, fresh), self.substituted(largest, renamed))]
+        renamed = Replace({**(fixed or {}), **fresh})
+        copy = [ir.Assign("pack", self.flat_index(loops, fresh), self.substituted(operand, renamed))]
         for var, extent in reversed(loops):
             copy = [ir.Loop(fresh[var].axis, extent, ir.SERIAL, copy)]
-        self.pack = (varying[-2] if len(varying) > 1 else None,
-                     [ir.Define("pack", largest.dtype, None, size=size)] + copy)
-        packed = ir.Ref("pack", largest.dtype, self.flat_index(loops, {var: Var(var) for var, _ in loops}))
-        return ir.replaced(value, {id(largest): packed})
+        size = math.prod(extent for _, extent in loops)
+        self.pack = (at, [ir.Define("pack", operand.dtype, None, size=size)] + copy)
+        packed = ir.Ref("pack", operand.dtype, self.flat_index(loops, {var: Var(var) for var, _ in loops}))
+        return ir.replaced(value, {id(operand): packed})
 
     def flat_index(self, loops, variables):
         """The row-major position in `loops` (variable, extent), each variable renamed."""
