@@ -39,6 +39,15 @@ def test_scalars_are_weak(dtype, scalar, want):
     assert (scalar * mg.ones(3, dtype=dtype)).dtype == want
 
 
+def test_a_weak_scalar_of_the_tensors_kind_converts_as_an_element_would():
+    # ops/math.operands takes these without a promotion pass: the values must be the same
+    assert (mg.tensor(np.array([1, 200], np.uint8)) + 100).numpy().tolist() == [101, 44]
+    assert (mg.tensor(np.array([1, 2], np.int8)) * 300).numpy().tolist() == [44, 88]
+    assert (2.5 - mg.tensor(np.array([1, 2], np.int32))).numpy().tolist() == [1.5, 0.5]
+    half = (mg.tensor(np.array([1.0], np.float16)) + 0.1).numpy()
+    assert half.dtype == np.float16 and half[0] == np.float16(1) + np.float16(0.1)
+
+
 def test_zero_dim_tensors_rank_below_shaped_ones():
     shaped = mg.ones(3, dtype=mg.int32)
     assert (shaped + mg.tensor(5)).dtype == mg.int32                 # 0-d int64 does not widen

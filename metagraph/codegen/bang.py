@@ -329,12 +329,12 @@ class Renderer(VectorOps, c.Renderer):
         ctype = CTYPE[self.accumulators[s.name].dtype.name]
         if self.var is None:
             self.emit(f"{s.name}[{self.index(s.index)}] = {self.uniform(s.value, names)};")
-        elif _affine(s.index, self.var) == 1:
-            buffer = self.spread(self.lanes(s.value, names), s.value.dtype)
+            return
+        buffer = self.spread(self.lanes(s.value, names), s.value.dtype)
+        if _affine(s.index, self.var) == 1:
             self.emit(f"__memcpy({s.name} + {self.index(s.index)}, {buffer}, lanes * sizeof({ctype}), "
                       "NRAM2NRAM);")
         else:
-            buffer = self.spread(self.lanes(s.value, names), s.value.dtype)
             self.lane_loop([f"{s.name}[{self.at(s.index)}] = {buffer}[lane];"])
 
     def store(self, s, names):

@@ -102,7 +102,8 @@ def operands(op, *xs, dtype=None):
     if dtype is None and len(xs) == 2 and is_node(xs[0]) != is_node(xs[1]):
         node, scalar = xs if is_node(xs[0]) else xs[::-1]
         # a weak scalar of the node's own kind (x + 1, x * 0.5): the node's dtype, as promotion says
-        if node.dtype.is_float and type(scalar) in (int, float) or node.dtype.is_int and type(scalar) is int:
+        kind = node.dtype
+        if (kind.is_float and type(scalar) in (int, float)) or (kind.is_int and type(scalar) is int):
             value = const(scalar, node.shape, node.dtype)
             return [node, value] if node is xs[0] else [value, node]
     dtype = dtype or result_type(*xs)
