@@ -5,6 +5,8 @@ key, so the schedule built for the first is reused: hashing plus kernel calls.
 """
 from dataclasses import dataclass
 
+from metagraph.ops.node import signature as node_signature
+
 
 @dataclass
 class PendingGraph:
@@ -12,10 +14,6 @@ class PendingGraph:
     outputs: list        # positions of the requested nodes in `nodes`
     key: tuple           # equal for structurally equal graphs
     position: dict       # node id -> position in `nodes`
-
-
-def _attrs_key(attrs):
-    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
 
 
 def pending_graph(outputs):
@@ -42,8 +40,7 @@ def pending_graph(outputs):
             continue
         position[node.id] = len(nodes)
         nodes.append(node)
-        if node.signature is None:
-            node.signature = (node.op, _attrs_key(node.attrs), node.shape, node.dtype)
-        signature.append((node.signature, tuple([position[source.id] for source in inputs])))
+        signature.append((node.signature or node_signature(node),
+                          tuple([position[source.id] for source in inputs])))
     output_positions = [position[node.id] for node in outputs]
     return PendingGraph(nodes, output_positions, (tuple(signature), tuple(output_positions)), position)

@@ -22,13 +22,13 @@ class Node:
     __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "location", "requires_grad", "leaf",
                  "buffer", "owner", "id", "signature", "__weakref__")
 
-    def __init__(self, op, inputs, attrs, shape, dtype, requires_grad=None, buffer=None):
+    def __init__(self, op, inputs, attrs, shape, dtype, requires_grad=None, buffer=None, location=None):
         self.op = op
         self.inputs = tuple(inputs)
         self.attrs = attrs
         self.shape = tuple(shape)
         self.dtype = dtype
-        self.location = user_location()
+        self.location = location or user_location()
         if requires_grad is None:
             requires_grad = False
             if GradMode.enabled and dtype.is_float:
@@ -41,7 +41,7 @@ class Node:
         self.buffer = buffer
         self.owner = None                # weak reference to the leaf Tensor that owns this node
         self.id = next(_ids)
-        self.signature = None            # (op, attrs, shape, dtype), computed once when needed
+        self.signature = None            # signature(self), computed once when needed
 
     @property
     def ndim(self):
@@ -93,6 +93,42 @@ class Node:
 
     def __neg__(self):
         return _math().neg(self)
+
+
+def fresh_id():
+    """An id no node has: nodes built before it have smaller ids, nodes built after larger ones."""
+    return next(_ids)
+
+
+_SIGNATURES = {}           # (op, attrs, shape, dtype) -> its number
+_signature_numbers = itertools.count()
+SIGNATURE_TABLE_SIZE = 1 << 16
+
+
+def signature(node):
+    """A number for (op, attrs, shape, dtype), equal for nodes that compute alike from alike
+    inputs; graph keys made of numbers hash fast. Computed once per node. Numbers are never
+    reused: a signature dropped from the full table gets a new one when it comes back."""
+    if node.signature is None:
+        attrs = tuple(sorted((k, _comparable(v)) for k, v in node.attrs.items()))
+        described = (node.op, attrs, node.shape, node.dtype)
+        number = _SIGNATURES.get(described)
+        if number is None:
+            if len(_SIGNATURES) >= SIGNATURE_TABLE_SIZE:
+                _SIGNATURES.pop(next(iter(_SIGNATURES)))
+            number = _SIGNATURES[described] = next(_signature_numbers)
+        node.signature = number
+    return node.signature
+
+
+def _comparable(value):
+    """An attribute as a dictionary key: lists as tuples, and floats by their bits (a kernel made
+    for x * 0.0 must not serve x * -0.0, and a constant nan must find its schedule again)."""
+    if isinstance(value, list):
+        return tuple(value)
+    if isinstance(value, float):
+        return (float, value.hex())
+    return value
 
 
 def _math():
