@@ -1,4 +1,5 @@
 """Data types and PyTorch's type-promotion rules (Python scalars are weak)."""
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,7 +14,7 @@ class DType:
     kind: str        # 'b' bool, 'i' signed int, 'u' unsigned int, 'f' float
     itemsize: int
 
-    @property
+    @functools.cached_property
     def np(self):
         return np.dtype(self.name)
 

@@ -46,8 +46,8 @@ class CompileError(MetagraphError):
 def launcher(ffi, native):
     """The callable fn(arrays, error array) for a native `void kernel(char **args, int64_t *err)`."""
     def launch(arrays, error):
-        pointers = ffi.new("char *[]", [ffi.cast("char *", a.ctypes.data) for a in arrays])
-        native(pointers, ffi.cast("int64_t *", error.ctypes.data))
+        native(ffi.new("char *[]", [ffi.from_buffer(a) for a in arrays]),
+               ffi.from_buffer("int64_t[]", error))
     return launch
 
 

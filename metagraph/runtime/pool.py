@@ -19,53 +19,64 @@ POOL_MAX = 1 << 30           # bytes the pool may hold, in use or free
 
 class Pool:
     """Raw byte arrays by size. Each array handed out is a view of one; when it is freed, its raw
-    array is returned (a finalizer), and taken again if nothing else still refers to it (a view
-    the user took of it); one that is still referred to leaves the pool, and its memory goes back
-    to malloc with its last view. A lock keeps threads that realise at once apart."""
+    array is returned (a weak reference's callback), and taken again if nothing else still refers
+    to it (a view the user took of it); one that is still referred to leaves the pool, and its
+    memory goes back to malloc with its last view. A lock keeps threads that realise at once
+    apart."""
 
     def __init__(self, limit=POOL_MAX):
         self.limit, self.held = limit, 0
-        self.arrays = {}       # nbytes -> {id: raw array} for every array the pool holds
-        self.returned = {}     # nbytes -> raw arrays whose handed-out view has been freed
+        self.arrays = {}       # (nbytes, slack) -> {id: raw array} for every array the pool holds
+        self.returned = {}     # (nbytes, slack) -> raw arrays whose handed-out view has been freed
+        self.lent = {}         # id(weak reference to an array handed out) -> (it, size, raw array)
         self.lock = threading.Lock()
 
     def take(self, shape, dtype, slack=0):
         """An uninitialised array of `shape` and numpy `dtype`, followed by `slack` zero bytes
         (a multiple of the itemsize)."""
         dtype = np.dtype(dtype)
-        numel = math.prod(shape)
-        count = numel + slack // dtype.itemsize
-        nbytes, raw = count * dtype.itemsize, None
+        nbytes = math.prod(shape) * dtype.itemsize + slack
         if nbytes >= POOLED_MIN:
+            size = (nbytes, slack)
             with self.lock:
-                raw = self._raw(nbytes)
-        flat = np.empty(count, dtype) if raw is None else raw.view(dtype)
-        flat[numel:] = 0
-        out = flat[:numel].reshape(shape)
-        if raw is not None:
-            weakref.finalize(out, self.returned.setdefault(nbytes, []).append, raw).atexit = False
-        return out
+                raw = self._raw(size)
+            if raw is not None:
+                out = np.ndarray(shape, dtype, raw)
+                ref = weakref.ref(out, self._give_back)
+                self.lent[id(ref)] = (ref, size, raw)
+                return out
+        flat = np.empty(nbytes, np.uint8)
+        flat[nbytes - slack:] = 0
+        return np.ndarray(shape, dtype, flat)
 
-    def _raw(self, nbytes):
-        """A raw array of `nbytes` no one uses, or None past the limit."""
-        returned = self.returned.get(nbytes, [])
+    def _give_back(self, ref):
+        """An array handed out has been freed: its raw array may be taken again."""
+        _, size, raw = self.lent.pop(id(ref))
+        self.returned.setdefault(size, []).append(raw)
+
+    def _raw(self, size):
+        """A raw array of size = (nbytes, slack) no one uses, or None past the limit. Its last
+        `slack` bytes are zero: they are zeroed when it is made, and no kernel writes them."""
+        nbytes, slack = size
+        returned = self.returned.get(size, [])
         while returned:
             raw = returned.pop()
             if sys.getrefcount(raw) == 3:      # the pool's table, `raw` and the call
                 return raw
-            self._forget(nbytes, raw)          # a view of it outlived the array handed out
+            self._forget(size, raw)            # a view of it outlived the array handed out
         if self.held + nbytes > self.limit:
             self._release()
             if self.held + nbytes > self.limit:
                 return None
         raw = np.empty(nbytes, np.uint8)
-        self.arrays.setdefault(nbytes, {})[id(raw)] = raw
+        raw[nbytes - slack:] = 0
+        self.arrays.setdefault(size, {})[id(raw)] = raw
         self.held += nbytes
         return raw
 
-    def _forget(self, nbytes, raw):
-        del self.arrays[nbytes][id(raw)]
-        self.held -= nbytes
+    def _forget(self, size, raw):
+        del self.arrays[size][id(raw)]
+        self.held -= size[0]
 
     def release(self):
         """Drop every free array (its memory goes back to malloc)."""
@@ -73,6 +84,6 @@ class Pool:
             self._release()
 
     def _release(self):
-        for nbytes, returned in self.returned.items():
+        for size, returned in self.returned.items():
             while returned:
-                self._forget(nbytes, returned.pop())
+                self._forget(size, returned.pop())

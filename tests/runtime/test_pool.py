@@ -23,13 +23,19 @@ def test_a_dropped_array_is_handed_out_again():
     assert pool.held == COUNT * 4 + 128
 
 
-def test_the_slack_past_an_array_is_zero():
+def test_the_slack_past_an_array_is_zero_and_kept_apart_by_size():
     pool = Pool()
     first = pool.take((COUNT,), np.float32, slack=128)
-    first.base[first.nbytes:] = 255
+    assert first.base.nbytes == first.nbytes + 128 and not first.base[first.nbytes:].any()
+    address = first.ctypes.data
     del first
-    again = pool.take((COUNT,), np.float32, slack=128)
+    again = pool.take((COUNT,), np.float32, slack=128)     # the same memory; kernels never write
+    assert again.ctypes.data == address and pool.held == again.base.nbytes    # the slack: zero still
     assert not again.base[again.nbytes:].any()
+    del again
+    other = pool.take((COUNT + 32,), np.float32, slack=0)  # as many bytes, but without slack:
+    assert other.ctypes.data != address                    # never handed a smaller slack
+    assert pool.held == 2 * other.nbytes
 
 
 def test_an_array_a_view_still_reads_is_never_handed_out():
@@ -79,7 +85,7 @@ def test_empty_cache_releases_what_no_one_uses():
     alive = (x * 3)
     alive.numpy()
     mg.empty_cache()
-    assert POOL.held == sum(len(b) * n for n, b in POOL.arrays.items()) >= alive.numpy().nbytes
+    assert POOL.held == sum(len(b) * n for (n, _), b in POOL.arrays.items()) >= alive.numpy().nbytes
     assert not any(POOL.returned.values())
     assert (kept == 2).all() and (alive.numpy() == 3).all()
 
