@@ -12,6 +12,7 @@ from metagraph.expr import Const, Extra, Select, Var, binary
 from metagraph.ops import math as m
 from metagraph.ops.movement import reshape, view
 from metagraph.ops.node import GradMode, Node
+from metagraph.ops.recorded import recorded
 from metagraph.ops.table import apply
 
 
@@ -95,6 +96,7 @@ def _window(x, loop, lead, rows, cols, padding, fill, split=True):
     return view(padded, loop, lead + [row, col_tap % s1, Var(out_col) + col_tap // s1])
 
 
+@recorded
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """2-D cross-correlation over NCHW input with (K, C/groups, kh, kw) weights."""
     x, unbatched = _batched("conv2d", x)
@@ -132,6 +134,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _unbatch(out, unbatched)
 
 
+@recorded
 def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
                      dilation=1):
     """The gradient of conv2d with respect to its input, as an operator (a gather, not a scatter)."""
@@ -180,6 +183,7 @@ def _pool_window(op, x, kernel, stride, padding, dilation, ceil_mode, fill):
     return window, kernel, stride, padding
 
 
+@recorded
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
                return_indices=False):
     x, unbatched = _batched("max_pool2d", x)
@@ -205,6 +209,7 @@ def _window_count(shape, loop, index_map, dtype):
     return apply("reduce", ones, op="add", axes=(2, 3), keepdim=False)
 
 
+@recorded
 def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
     x, unbatched = _batched("avg_pool2d", x)
@@ -233,6 +238,7 @@ def _adaptive_axis(var, tap, size, out):
     return Select(binary("<", tap, end - start), start + tap, Const(-1)), width
 
 
+@recorded
 def adaptive_avg_pool2d(x, output_size):
     """Average over windows [floor(i*H/Ho), ceil((i+1)*H/Ho)) as PyTorch."""
     x, unbatched = _batched("adaptive_avg_pool2d", x)
@@ -275,6 +281,7 @@ def _source_positions(size, out, scale_factor, align_corners, nearest):
     return np.maximum((dst + 0.5) * scale - 0.5, 0.0)
 
 
+@recorded
 def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=None):
     """Resize the last two dimensions of NCHW input (nearest or bilinear)."""
     if x.ndim != 4:

@@ -8,9 +8,11 @@ from metagraph.ops.index import gather
 from metagraph.ops.linalg import matmul
 from metagraph.ops.movement import normalize_dim, reshape, squeeze, unsqueeze, T
 from metagraph.ops.node import detach
+from metagraph.ops.recorded import recorded
 from metagraph.ops.table import apply
 
 
+@recorded
 def softmax(x, dim):
     x = m.floating(x)
     shifted = x - detach(rd.amax(x, dim, keepdim=True))
@@ -18,6 +20,7 @@ def softmax(x, dim):
     return e / rd.sum(e, dim, keepdim=True)
 
 
+@recorded
 def log_softmax(x, dim):
     x = m.floating(x)
     shifted = x - detach(rd.amax(x, dim, keepdim=True))
@@ -34,6 +37,7 @@ def _reduce_loss(op, loss, reduction):
     fail(ArgumentError, op, f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
+@recorded
 def nll_loss(logp, target, weight=None, ignore_index=-100, reduction="mean"):
     """-logp[target] per sample, weighted; targets equal to ignore_index count for nothing."""
     if target.dtype.is_float or target.dtype == dtypes.bool_:
@@ -64,6 +68,7 @@ def nll_loss(logp, target, weight=None, ignore_index=-100, reduction="mean"):
     return _reduce_loss("nll_loss", loss, reduction)
 
 
+@recorded
 def cross_entropy(logits, target, weight=None, ignore_index=-100, reduction="mean",
                   label_smoothing=0.0):
     """log_softmax over the class dimension (1, or 0 unbatched) followed by nll_loss."""
@@ -101,15 +106,18 @@ def cross_entropy(logits, target, weight=None, ignore_index=-100, reduction="mea
     return nll * (1 - label_smoothing) + smooth * (label_smoothing / classes)
 
 
+@recorded
 def mse_loss(x, target, reduction="mean"):
     diff = x - target
     return _reduce_loss("mse_loss", diff * diff, reduction)
 
 
+@recorded
 def l1_loss(x, target, reduction="mean"):
     return _reduce_loss("l1_loss", m.abs_(x - target), reduction)
 
 
+@recorded
 def binary_cross_entropy_with_logits(x, target, weight=None, reduction="mean", pos_weight=None):
     """Sigmoid and binary cross-entropy in one stable formula."""
     softplus_neg = m.log(m.exp(-m.abs_(x)) + 1.0) + m.maximum(-x, 0.0)    # log(1 + e^-x)
@@ -122,6 +130,7 @@ def binary_cross_entropy_with_logits(x, target, weight=None, reduction="mean", p
     return _reduce_loss("binary_cross_entropy_with_logits", loss, reduction)
 
 
+@recorded
 def binary_cross_entropy(p, target, weight=None, reduction="mean"):
     """On probabilities; each log is clamped at -100 as PyTorch does."""
     log_p = m.maximum(m.log(p), -100.0)
@@ -132,6 +141,7 @@ def binary_cross_entropy(p, target, weight=None, reduction="mean"):
     return _reduce_loss("binary_cross_entropy", loss, reduction)
 
 
+@recorded
 def linear(x, weight, bias=None):
     out = matmul(x, T(weight))
     return out if bias is None else out + bias
@@ -141,6 +151,7 @@ def _channel_view(v, ndim):
     return reshape(v, (1, v.shape[0]) + (1,) * (ndim - 2))
 
 
+@recorded
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False,
                momentum=0.1, eps=1e-5):
     """Returns (output, new running_mean, new running_var); the stats are None if not given."""
@@ -171,6 +182,7 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
     return out, running_mean, running_var
 
 
+@recorded
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if x.shape[x.ndim - len(shape):] != shape:
@@ -184,6 +196,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     return out if bias is None else out + bias
 
 
+@recorded
 def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
     n, c = x.shape[:2]
     if c % num_groups:
@@ -197,6 +210,7 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
     return out if bias is None else out + _channel_view(bias, x.ndim)
 
 
+@recorded
 def dropout(x, p, uniform):
     """Zero where uniform < p and scale the rest by 1/(1-p); `uniform` holds U[0,1) samples."""
     if not 0 <= p <= 1:
@@ -206,6 +220,7 @@ def dropout(x, p, uniform):
     return m.where(m.lt(uniform, p), 0.0, x * (1.0 / (1.0 - p)))
 
 
+@recorded
 def embedding(indices, weight, padding_idx=None):
     """Rows of weight picked by integer indices; the padding row gets no gradient."""
     if indices.dtype.is_float:
