@@ -101,3 +101,16 @@ def test_create_graph_gives_second_derivatives():
     g, = mg.grad((x * x * x).sum(), [x], create_graph=True)
     gg, = mg.grad(g.sum(), [x])
     assert g.item() == 12.0 and gg.item() == 12.0
+
+
+def test_gradient_and_update_nodes_name_the_line_that_built_them():
+    import sys
+    x = mg.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    loss = (x * x).sum()
+    loss.backward(); backward_line = sys._getframe().f_lineno   # noqa: E702  (one line)
+    assert x.grad.node.location == (__file__, backward_line)
+    optimizer = mg.optim.SGD([x], lr=0.1)
+    optimizer.step(); step_line = sys._getframe().f_lineno      # noqa: E702
+    assert x.node.location == (__file__, step_line)
+    z = x * 3.0; later_line = sys._getframe().f_lineno          # noqa: E702  (its own line again)
+    assert z.node.location == (__file__, later_line)

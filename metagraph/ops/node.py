@@ -5,6 +5,8 @@ file:line. Nothing is computed until a backend realises it; then `buffer` holds 
 unless autograd still needs its history, the node forgets its inputs and becomes a `buffer` leaf.
 """
 import itertools
+import threading
+from contextlib import contextmanager
 
 from metagraph.errors import user_location
 
@@ -15,6 +17,19 @@ class GradMode:
 
 
 _ids = itertools.count()
+_building = threading.local()     # .location: where the nodes being built are created, if known
+
+
+@contextmanager
+def located(location):
+    """Nodes built inside record `location` rather than each walking the stack to find it (the
+    backward pass and an optimizer's step build thousands of nodes from one user line)."""
+    outer = getattr(_building, "location", None)
+    _building.location = location
+    try:
+        yield
+    finally:
+        _building.location = outer
 
 
 class Node:
@@ -28,7 +43,7 @@ class Node:
         self.attrs = attrs
         self.shape = tuple(shape)
         self.dtype = dtype
-        self.location = location or user_location()
+        self.location = location or getattr(_building, "location", None) or user_location()
         if requires_grad is None:
             requires_grad = False
             if GradMode.enabled and dtype.is_float:

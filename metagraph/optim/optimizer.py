@@ -5,9 +5,10 @@ Hyperparameters that change between steps (the learning rate, Adam's bias correc
 graph as 0-d tensors, not constants, so a schedule does not change the graph's structure and
 nothing is recompiled when they change."""
 from metagraph import backend, creation
-from metagraph.errors import ArgumentError, MetagraphError
+from metagraph.errors import ArgumentError, MetagraphError, user_location
 from metagraph.grad import grad as compute_grad
 from metagraph.grad import no_grad
+from metagraph.ops.node import located
 
 
 class Optimizer:
@@ -46,7 +47,7 @@ class Optimizer:
             for p, g in zip(trained, compute_grad(loss, trained)):
                 p.grad = g
         touched = []
-        with no_grad():
+        with no_grad(), located(user_location()):
             for group in self.param_groups:
                 for p in group["params"]:
                     if p.grad is None:
