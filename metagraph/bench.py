@@ -5,9 +5,10 @@
     python -m metagraph.bench --backends      # the llvm and bang code generators against c
     python -m metagraph.bench --library       # contractions through numpy's BLAS (library_op)
 
-Each figure is the median of --repeat timed calls after two warm-up calls, every call forced to
-complete (read back to numpy); metagraph and PyTorch calls alternate, so that noise from the
-shared machine falls on both. Ratios are torch time / metagraph time: above 1, metagraph is
+Each figure is the median of at least --repeat timed calls after two warm-up calls, every call
+forced to complete (read back to numpy); short workloads are called again until a second has
+passed (at most 200 calls), so that their medians rest on more than a few samples. metagraph and
+PyTorch calls alternate, so that noise from the shared machine falls on both. Ratios are torch time / metagraph time: above 1, metagraph is
 faster. PyTorch runs on 2 threads, as metagraph does on this machine."""
 import argparse
 import json
@@ -24,18 +25,26 @@ import metagraph as mg
 import metagraph.nn.functional as F
 
 
+MIN_SECONDS = 1.0        # time each workload for at least this long (wall clock) ...
+MAX_ROUNDS = 200         # ... in at most this many rounds
+
+
 def median_seconds(fns, repeat, warmup=2):
     """The median time of each of `fns`, timed in alternation (one call of each per round), so
-    that a noisy neighbour slows both sides of a comparison alike, not whichever ran then."""
+    that a noisy neighbour slows both sides of a comparison alike, not whichever ran then. At least
+    `repeat` rounds, more while under MIN_SECONDS."""
     for fn in fns:
         for _ in range(warmup):
             fn()
     times = [[] for _ in fns]
-    for _ in range(repeat):
+    began = time.perf_counter()
+    rounds = 0
+    while rounds < repeat or (time.perf_counter() - began < MIN_SECONDS and rounds < MAX_ROUNDS):
         for fn, seconds in zip(fns, times):
             start = time.perf_counter()
             fn()
             seconds.append(time.perf_counter() - start)
+        rounds += 1
     return [statistics.median(seconds) for seconds in times]
 
 
