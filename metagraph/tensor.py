@@ -34,7 +34,9 @@ def lift(fn):
     """A node-level composite as a function (or method) on Tensors."""
     @functools.wraps(fn)
     def lifted(*args, **kwargs):
-        return _wrap(fn(*map(_unwrap, args), **{k: _unwrap(v) for k, v in kwargs.items()}))
+        if kwargs:
+            kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
+        return _wrap(fn(*map(_unwrap, args), **kwargs))
     return lifted
 
 

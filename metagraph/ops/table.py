@@ -51,9 +51,11 @@ def _show(nodes):
 
 
 def same_shape(inputs, attrs):
-    if any(n.shape != inputs[0].shape for n in inputs):
-        raise ShapeError(f"element-wise operands need equal shapes, got {_show(inputs)}")
-    return inputs[0].shape
+    shape = inputs[0].shape
+    for n in inputs:          # a loop, not any(): this runs for every element-wise node
+        if n.shape != shape:
+            raise ShapeError(f"element-wise operands need equal shapes, got {_show(inputs)}")
+    return shape
 
 
 def attr_shape(inputs, attrs):
@@ -69,12 +71,14 @@ def attr_dtype(inputs, attrs):
 
 def _dtype_rule(accept, what, result=None):
     def rule(inputs, attrs):
-        if any(n.dtype != inputs[0].dtype for n in inputs):
-            raise DTypeError(f"operands need equal dtypes, got "
-                             f"{' and '.join(n.dtype.name for n in inputs)}")
-        if not accept(inputs[0].dtype):
-            raise DTypeError(f"expects {what} operands, got {inputs[0].dtype.name}")
-        return result or inputs[0].dtype
+        dtype = inputs[0].dtype
+        for n in inputs:
+            if n.dtype != dtype:
+                raise DTypeError(f"operands need equal dtypes, got "
+                                 f"{' and '.join(n.dtype.name for n in inputs)}")
+        if not accept(dtype):
+            raise DTypeError(f"expects {what} operands, got {dtype.name}")
+        return result or dtype
     return rule
 
 
