@@ -3,9 +3,11 @@ from metagraph.errors import DTypeError, ShapeError, fail
 from metagraph.expr import Const, Var
 from metagraph.ops import math as m
 from metagraph.ops.movement import reshape, view
+from metagraph.ops.recorded import recorded
 from metagraph.ops.table import apply
 
 
+@recorded
 def matmul(a, b):
     """PyTorch's matmul: 1-D, 2-D and batched operands with broadcasting batch dimensions."""
     if a.ndim == 0 or b.ndim == 0:

@@ -10,6 +10,7 @@ from metagraph import dtypes
 from metagraph.errors import ArgumentError, DTypeError, ShapeError, fail
 from metagraph.expr import Const, Var
 from metagraph.ops.node import Node, detach
+from metagraph.ops.recorded import recorded
 from metagraph.ops.table import apply
 
 LOG2E = math.log2(math.e)
@@ -131,6 +132,7 @@ def add(a, b):
     return apply("add", *operands("add", a, b))
 
 
+@recorded
 def sub(a, b):
     _no_bool("sub", a, b)
     a, b = operands("sub", a, b)
@@ -146,6 +148,7 @@ def neg(x):
     return apply("neg", x)
 
 
+@recorded
 def div(a, b):
     """True division; integers divide as floats."""
     dtype = result_type(a, b)
@@ -153,6 +156,7 @@ def div(a, b):
     return apply("mul", a, apply("recip", b))
 
 
+@recorded
 def floor_divide(a, b):
     dtype = result_type(a, b)
     if dtype.is_float:
@@ -161,6 +165,7 @@ def floor_divide(a, b):
     return apply("idiv", *operands("floor_divide", a, b))
 
 
+@recorded
 def remainder(a, b):
     """a mod b with the divisor's sign (Python's %)."""
     dtype = result_type(a, b)
@@ -171,6 +176,7 @@ def remainder(a, b):
     return apply("mod", *operands("remainder", a, b))
 
 
+@recorded
 def pow(x, exponent):
     """x ** exponent; small integer exponents are exact repeated products."""
     if not is_node(x):
@@ -224,6 +230,7 @@ def sqrt(x):
     return apply("sqrt", floating(x))
 
 
+@recorded
 def rsqrt(x):
     return recip(sqrt(x))
 
@@ -232,6 +239,7 @@ def exp2(x):
     return apply("exp2", floating(x))
 
 
+@recorded
 def exp(x):
     x = floating(x)
     return apply("exp2", x * LOG2E)
@@ -241,6 +249,7 @@ def log2(x):
     return apply("log2", floating(x))
 
 
+@recorded
 def log(x):
     return log2(x) * LN2
 
@@ -254,10 +263,12 @@ def cos(x):
     return apply("sin", x + math.pi / 2)
 
 
+@recorded
 def tan(x):
     return sin(x) / cos(x)
 
 
+@recorded
 def sigmoid(x):
     """1 / (1 + e^-x), computed from e^-|x| so that neither branch overflows."""
     x = floating(x)
@@ -265,6 +276,7 @@ def sigmoid(x):
     return where(lt(x, 0.0), e / (e + 1.0), recip(e + 1.0))
 
 
+@recorded
 def tanh(x):
     """tanh from e^-2|x|; a Taylor polynomial near 0 keeps small values exact."""
     x = floating(x)
@@ -277,6 +289,7 @@ def tanh(x):
     return where(lt(abs_(x), 0.1), poly, large)
 
 
+@recorded
 def erfc(x):
     """Complementary error function (a Chebyshev fit with relative error below 1.2e-7)."""
     x = floating(x)
@@ -289,6 +302,7 @@ def erfc(x):
     return where(lt(x, 0.0), 2.0 - tail, tail)
 
 
+@recorded
 def erf(x):
     """Error function: a Taylor series near 0 (exact in float32), 1 - erfc elsewhere."""
     x = floating(x)
@@ -298,11 +312,13 @@ def erf(x):
     return where(lt(abs_(x), 0.5), series, 1.0 - erfc(x))
 
 
+@recorded
 def relu(x):
     """max(x, 0) with PyTorch's gradient of 0 at 0."""
     return where(lt(0, x), x, 0)
 
 
+@recorded
 def gelu(x, approximate="none"):
     x = floating(x)
     if approximate == "tanh":
@@ -312,11 +328,13 @@ def gelu(x, approximate="none"):
     return x * 0.5 * erfc(x * (-1 / math.sqrt(2)))     # erfc keeps the negative tail accurate
 
 
+@recorded
 def silu(x):
     x = floating(x)
     return x * sigmoid(x)
 
 
+@recorded
 def softplus(x, beta=1.0, threshold=20.0):
     """log(1 + e^(beta x)) / beta, linear above threshold as in PyTorch."""
     x = floating(x)
@@ -348,6 +366,7 @@ def trunc(x):
     return x if not x.dtype.is_float else where(lt(x, 0.0), ceil(x), floor(x))
 
 
+@recorded
 def round(x, decimals=0):
     """Round half to even, as PyTorch and NumPy do."""
     if not x.dtype.is_float:
@@ -362,6 +381,7 @@ def round(x, decimals=0):
     return where(up, low + 1.0, low)
 
 
+@recorded
 def sign(x):
     if x.dtype == dtypes.bool_:
         return x
@@ -369,6 +389,7 @@ def sign(x):
     return where(ne(x, x), x, s) if x.dtype.is_float else s
 
 
+@recorded
 def abs_(x):
     if x.dtype == dtypes.bool_:
         return x
@@ -401,10 +422,12 @@ def ge(a, b):
     return le(b, a)
 
 
+@recorded
 def maximum(a, b):
     return apply("max", *operands("maximum", a, b))
 
 
+@recorded
 def minimum(a, b):
     a, b = operands("minimum", a, b)
     if a.dtype.is_float:
@@ -412,6 +435,7 @@ def minimum(a, b):
     return bitwise_not(apply("max", bitwise_not(a), bitwise_not(b)))   # exact for every int
 
 
+@recorded
 def where(cond, a, b):
     """a where cond else b, broadcasting all three."""
     dtype = result_type(a, b)
@@ -422,6 +446,7 @@ def where(cond, a, b):
     return apply("where", cond, expand(a, shape), expand(b, shape))
 
 
+@recorded
 def clamp(x, min=None, max=None):
     """x limited to [min, max]; the gradient passes where x is inside, boundaries included."""
     if min is None and max is None:

@@ -3,6 +3,7 @@ from metagraph import dtypes
 from metagraph.errors import ArgumentError, IndexOutOfRange, ShapeError, fail
 from metagraph.expr import Const, Var, binary, reshape_map
 from metagraph.ops import math as m
+from metagraph.ops.recorded import recorded
 from metagraph.ops.table import apply
 
 
@@ -49,6 +50,7 @@ def resolve_shape(op, numel, shape):
     return shape
 
 
+@recorded
 def reshape(x, *shape):
     """The same elements in row-major order under a new shape."""
     shape = resolve_shape("reshape", x.numel, shape)
@@ -57,6 +59,7 @@ def reshape(x, *shape):
     return view(x, shape, reshape_map(x.shape, shape))
 
 
+@recorded
 def flatten(x, start_dim=0, end_dim=-1):
     if x.ndim == 0:
         return reshape(x, (1,))
@@ -67,22 +70,26 @@ def flatten(x, start_dim=0, end_dim=-1):
     return reshape(x, x.shape[:start] + (-1,) + x.shape[end + 1:])
 
 
+@recorded
 def unflatten(x, dim, sizes):
     dim = normalize_dim("unflatten", x.ndim, dim)
     sizes = resolve_shape("unflatten", x.shape[dim], sizes)
     return reshape(x, x.shape[:dim] + sizes + x.shape[dim + 1:])
 
 
+@recorded
 def squeeze(x, dim=None):
     axes = normalize_dims("squeeze", x.ndim, dim)
     return reshape(x, tuple(s for d, s in enumerate(x.shape) if not (d in axes and s == 1)))
 
 
+@recorded
 def unsqueeze(x, dim):
     dim = normalize_dim("unsqueeze", x.ndim + 1, dim)
     return reshape(x, x.shape[:dim] + (1,) + x.shape[dim:])
 
 
+@recorded
 def permute(x, *dims):
     dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
     if len(dims) != x.ndim:
@@ -96,6 +103,7 @@ def permute(x, *dims):
     return view(x, tuple(x.shape[d] for d in order), index_map)
 
 
+@recorded
 def transpose(x, dim0, dim1):
     order = list(range(x.ndim))
     a, b = normalize_dim("transpose", x.ndim, dim0), normalize_dim("transpose", x.ndim, dim1)
@@ -103,10 +111,12 @@ def transpose(x, dim0, dim1):
     return permute(x, order)
 
 
+@recorded
 def T(x):
     return permute(x, list(range(x.ndim))[::-1])
 
 
+@recorded
 def expand(x, *sizes):
     """Broadcast size-1 dimensions (and new leading ones) to `sizes`; -1 keeps a size."""
     sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
@@ -125,20 +135,24 @@ def expand(x, *sizes):
     return m.expand(x, shape)
 
 
+@recorded
 def broadcast_to(x, shape):
     return expand(x, tuple(shape))
 
 
+@recorded
 def flip(x, dims):
     axes = normalize_dims("flip", x.ndim, dims)
     index_map = [(x.shape[d] - 1) - Var(d) if d in axes else Var(d) for d in range(x.ndim)]
     return view(x, x.shape, index_map)
 
 
+@recorded
 def narrow(x, dim, start, length):
     return slice_dim(x, dim, start, start + length, 1)
 
 
+@recorded
 def slice_dim(x, dim, start, stop, step=1):
     """x[..., start:stop:step, ...] along one dimension (Python slice rules)."""
     dim = normalize_dim("slice", x.ndim, dim)
@@ -155,6 +169,7 @@ def _reflect(i, n):
     return (n - 1) - absolute((n - 1) - absolute(i))
 
 
+@recorded
 def pad(x, pad, mode="constant", value=0.0):
     """PyTorch's F.pad: `pad` lists (before, after) pairs from the last dimension backwards."""
     pad = tuple(pad)
@@ -185,6 +200,7 @@ def pad(x, pad, mode="constant", value=0.0):
     return view(x, shape, index_map, fill=m.scalar_in(value, x.dtype))
 
 
+@recorded
 def cat(xs, dim=0):
     """Concatenate along dim: each part is a padded view, selected by position."""
     xs = [x for x in xs if not (x.ndim == 1 and x.shape[0] == 0)] or list(xs)[:1]
@@ -209,6 +225,7 @@ def cat(xs, dim=0):
     return result
 
 
+@recorded
 def stack(xs, dim=0):
     xs = list(xs)
     if not xs:
@@ -219,6 +236,7 @@ def stack(xs, dim=0):
     return cat([unsqueeze(x, dim) for x in xs], dim)
 
 
+@recorded
 def split(x, split_size_or_sections, dim=0):
     dim = normalize_dim("split", x.ndim, dim)
     size = x.shape[dim]
@@ -238,6 +256,7 @@ def split(x, split_size_or_sections, dim=0):
     return tuple(parts)
 
 
+@recorded
 def chunk(x, chunks, dim=0):
     dim = normalize_dim("chunk", x.ndim, dim)
     if chunks <= 0:
@@ -246,11 +265,13 @@ def chunk(x, chunks, dim=0):
     return split(x, max(step, 1), dim)
 
 
+@recorded
 def unbind(x, dim=0):
     dim = normalize_dim("unbind", x.ndim, dim)
     return tuple(squeeze(slice_dim(x, dim, k, k + 1), dim) for k in range(x.shape[dim]))
 
 
+@recorded
 def repeat(x, *sizes):
     """Tile x `sizes` times along each dimension (new leading dimensions as needed)."""
     sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
@@ -273,10 +294,12 @@ def _triangle(x, diagonal, keep_upper):
     return m.where(keep, x, m.const(0, (), x.dtype))
 
 
+@recorded
 def tril(x, diagonal=0):
     return _triangle(x, diagonal, keep_upper=False)
 
 
+@recorded
 def triu(x, diagonal=0):
     return _triangle(x, diagonal, keep_upper=True)
 

@@ -20,6 +20,11 @@ _ids = itertools.count()
 _building = threading.local()     # .location: where the nodes being built are created, if known
 
 
+def current_location():
+    """Where a node built now is created: the user's line, or the one located() gives."""
+    return getattr(_building, "location", None) or user_location()
+
+
 @contextmanager
 def located(location):
     """Nodes built inside record `location` rather than each walking the stack to find it (the
@@ -43,7 +48,7 @@ class Node:
         self.attrs = attrs
         self.shape = tuple(shape)
         self.dtype = dtype
-        self.location = location or getattr(_building, "location", None) or user_location()
+        self.location = location or current_location()
         if requires_grad is None:
             requires_grad = False
             if GradMode.enabled and dtype.is_float:

@@ -15,10 +15,9 @@ is called again every time.
 import functools
 
 from metagraph.dtypes import DType
-from metagraph.errors import user_location
-from metagraph.ops.node import GradMode, Node, fresh_id, signature
+from metagraph.ops.node import GradMode, Node, current_location, fresh_id, signature
 
-TEMPLATE_CACHE_SIZE = 4096
+TEMPLATE_CACHE_SIZE = 8192
 _TEMPLATES = {}        # call signature -> Template, or _CALL when the composite must be called
 _CALL = object()
 
@@ -33,7 +32,9 @@ def recorded(composite):
     def call(*args, **kwargs):
         nodes = []
         try:
-            key = (composite, _describe(args, nodes), _describe(kwargs, nodes), GradMode.enabled)
+            key = (composite, _describe(args, nodes), GradMode.enabled)
+            if kwargs:
+                key += (_describe(kwargs, nodes),)
         except _Unkeyable:
             return composite(*args, **kwargs)
         template = _TEMPLATES.get(key)
@@ -53,24 +54,26 @@ def recorded(composite):
 def _describe(value, nodes):
     """A hashable description of an argument. Node arguments are appended to `nodes` and
     described by shape, dtype and requires_grad, or by the position of an earlier argument that
-    is the same node (f(x, x) builds a different graph from f(x, y))."""
+    is the same node (f(x, x) builds a different graph from f(x, y)). Ints, strings and None
+    stand for themselves; floats are told apart by their bits (-0.0 from 0.0; nan equals
+    itself), and floats and bools from ints (1 == 1.0 == True in Python)."""
     kind = type(value)
     if kind is Node:
         for k, seen in enumerate(nodes):
             if seen is value:
-                return k
+                return (Node, k)
         nodes.append(value)
         return (value.shape, value.dtype, value.requires_grad)
-    if kind is float:
-        return (float, value.hex())       # -0.0 and nan are told apart, and nan equals itself
-    if kind in (int, bool, str) or value is None:
-        return (kind, value)
-    if kind in (tuple, list):
-        return (kind,) + tuple([_describe(v, nodes) for v in value])
-    if kind is dict:
-        return (dict,) + tuple([(k, _describe(v, nodes)) for k, v in sorted(value.items())])
-    if kind is DType:               # one object per dtype
+    if kind is int or kind is str or value is None or kind is DType:     # one object per DType
         return value
+    if kind is float:
+        return (float, value.hex())
+    if kind is bool:
+        return (bool, value)
+    if kind is tuple or kind is list:
+        return (kind, *[_describe(v, nodes) for v in value])
+    if kind is dict:
+        return (dict, *[(k, _describe(v, nodes)) for k, v in sorted(value.items())])
     raise _Unkeyable()
 
 
@@ -84,7 +87,7 @@ class Template:
         self.result = result          # the composite's result with slot numbers in place of nodes
 
     def replay(self, arguments):
-        location = user_location()
+        location = current_location()
         slots = arguments + self.constants
         for op, attrs, shape, dtype, requires_grad, leaf, node_signature, sources in self.steps:
             node = Node(op, [slots[k] for k in sources], attrs, shape, dtype, requires_grad,

@@ -6,6 +6,7 @@ from metagraph.errors import DTypeError, IndexOutOfRange, fail
 from metagraph.ops import math as m
 from metagraph.ops.movement import normalize_dim, normalize_dims, reshape, unsqueeze
 from metagraph.ops.node import detach
+from metagraph.ops.recorded import recorded
 from metagraph.ops.table import apply, unreduce
 
 
@@ -20,6 +21,7 @@ def _count(x, axes):
     return count
 
 
+@recorded
 def sum(x, dim=None, keepdim=False, dtype=None):
     """Sum over dim; bool and integer tensors sum as int64."""
     if dtype is None and not x.dtype.is_float:
@@ -28,6 +30,7 @@ def sum(x, dim=None, keepdim=False, dtype=None):
     return _reduce(x, "add", normalize_dims("sum", x.ndim, dim), keepdim)
 
 
+@recorded
 def prod(x, dim=None, keepdim=False, dtype=None):
     if dtype is None and not x.dtype.is_float:
         dtype = dtypes.int64
@@ -35,6 +38,7 @@ def prod(x, dim=None, keepdim=False, dtype=None):
     return _reduce(x, "mul", normalize_dims("prod", x.ndim, dim), keepdim)
 
 
+@recorded
 def mean(x, dim=None, keepdim=False, dtype=None):
     x = m.cast(x, dtypes.as_dtype(dtype) or x.dtype)
     if not x.dtype.is_float:
@@ -44,6 +48,7 @@ def mean(x, dim=None, keepdim=False, dtype=None):
     return _reduce(x, "add", axes, keepdim) / _count(x, axes)
 
 
+@recorded
 def amax(x, dim=None, keepdim=False):
     axes = normalize_dims("amax", x.ndim, dim)
     if builtins.any(x.shape[a] == 0 for a in axes):
@@ -51,6 +56,7 @@ def amax(x, dim=None, keepdim=False):
     return _reduce(x, "max", axes, keepdim)
 
 
+@recorded
 def amin(x, dim=None, keepdim=False):
     if x.dtype.is_float:
         return -amax(-x, dim, keepdim)
@@ -73,11 +79,13 @@ def _arg_extreme(x, dim, keepdim, extreme):
     return amin(m.where(hit, position, x.shape[dim]), dim, keepdim)
 
 
+@recorded
 def argmax(x, dim=None, keepdim=False):
     """Index of the first maximum."""
     return _arg_extreme(x, dim, keepdim, amax)
 
 
+@recorded
 def argmin(x, dim=None, keepdim=False):
     return _arg_extreme(x, dim, keepdim, amin)
 
@@ -100,16 +108,19 @@ def _extreme_along(op, x, dim, keepdim, whole, arg):
     return _values_at(x, dim, indices, keepdim), indices
 
 
+@recorded
 def max(x, dim=None, keepdim=False):
     """max over everything, or (values, indices) along dim."""
     return _extreme_along("max", x, dim, keepdim, amax, argmax)
 
 
+@recorded
 def min(x, dim=None, keepdim=False):
     """min over everything, or (values, indices) along dim."""
     return _extreme_along("min", x, dim, keepdim, amin, argmin)
 
 
+@recorded
 def var(x, dim=None, correction=1, keepdim=False, unbiased=None):
     if unbiased is not None:
         correction = int(unbiased)
@@ -120,10 +131,12 @@ def var(x, dim=None, correction=1, keepdim=False, unbiased=None):
         _count(x, axes) - correction, 0)
 
 
+@recorded
 def std(x, dim=None, correction=1, keepdim=False, unbiased=None):
     return m.sqrt(var(x, dim, correction, keepdim, unbiased))
 
 
+@recorded
 def logsumexp(x, dim=None, keepdim=False):
     x = m.floating(x)
     axes = normalize_dims("logsumexp", x.ndim, dim)
@@ -136,9 +149,11 @@ def logsumexp(x, dim=None, keepdim=False):
     return reshape(result, tuple(s for d, s in enumerate(x.shape) if d not in axes))
 
 
+@recorded
 def any(x, dim=None, keepdim=False):
     return _reduce(m.cast(x, dtypes.bool_), "max", normalize_dims("any", x.ndim, dim), keepdim)
 
 
+@recorded
 def all(x, dim=None, keepdim=False):
     return m.logical_not(any(m.logical_not(x), dim, keepdim))
