@@ -8,8 +8,9 @@
 Each figure is the median of at least --repeat timed calls after two warm-up calls, every call
 forced to complete (read back to numpy); short workloads are called again until a second has
 passed (at most 200 calls), so that their medians rest on more than a few samples. metagraph and
-PyTorch calls alternate, so that noise from the shared machine falls on both. Ratios are torch time / metagraph time: above 1, metagraph is
-faster. PyTorch runs on 2 threads, as metagraph does on this machine."""
+PyTorch calls alternate, so that noise from the shared machine falls on both. Ratios are torch
+time / metagraph time: above 1, metagraph is faster. PyTorch runs on 2 threads, as metagraph does
+on this machine."""
 import argparse
 import json
 import os

@@ -220,8 +220,8 @@ class Tensor:
 
     def assign(self, value):
         """Jittor's in-place update: self takes value's value (no gradient through it)."""
-        return self._replace(detach(_unwrap(value) if isinstance(value, Tensor) else m.cast(value, self.dtype)),
-                             check_leaf=False)
+        node = _unwrap(value) if isinstance(value, Tensor) else m.cast(value, self.dtype)
+        return self._replace(detach(node), check_leaf=False)
 
     def copy_(self, source):
         return self._replace(mv.broadcast_to(m.cast(_unwrap(source), self.dtype), self.shape))

@@ -121,7 +121,7 @@ def fresh_id():
 
 
 _SIGNATURES = {}           # (op, attrs, shape, dtype) -> its number
-_signature_numbers = itertools.count()
+_signature_numbers = itertools.count(1)      # 0 would read as "not computed yet"
 SIGNATURE_TABLE_SIZE = 1 << 16
 
 

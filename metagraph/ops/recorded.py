@@ -5,7 +5,7 @@ same shapes, dtypes and requires_grad flags and its other arguments are equal: i
 value. The first call with a signature runs the composite and records the nodes it built, in
 order, as a template. Later calls create those nodes directly, without running broadcasting,
 promotion and the shape checks again (they passed for this signature). A softmax over a
-4096x1024 tensor builds its graph in about a quarter of the time, with cold caches.
+4096x1024 tensor builds its graph in a quarter of the time warm, half with cold caches.
 
 A composite is only recorded when replaying it is provably the same as calling it: every node it
 built was built during the call, from its arguments, from shared constants or from each other,

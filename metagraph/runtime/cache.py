@@ -3,10 +3,10 @@
 Layout under the cache directory:  batch-<hash>.c (the source a person can read: .c, .ll or
 .bang.c by backend) beside batch-<hash>.so (or .o), and index/<kernel key>, which names the binary
 holding that kernel and the binary's SHA-256. The key hashes the kernel's source with the
-toolchain identity (compiler, version, flags, target CPU) and CACHE_VERSION. Every file is written to a temporary name and
-renamed, so a killed process leaves no half-written entry; an entry whose object is missing or
-does not match its hash is rebuilt. tuning/<key of a kernel name> holds the tile parameters that
-timing chose for that kernel (codegen/tuning.py), as text.
+toolchain identity (compiler, version, flags, target CPU) and CACHE_VERSION. Every file is
+written to a temporary name and renamed, so a killed process leaves no half-written entry; an
+entry whose object is missing or does not match its hash is rebuilt. tuning/<key of a kernel
+name> holds the tile parameters that timing chose for that kernel (codegen/tuning.py), as text.
 """
 import hashlib
 import os

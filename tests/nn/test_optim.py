@@ -117,7 +117,8 @@ def test_bad_arguments():
 
 def _small_training_step():
     mg.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(64, 3))
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                        nn.Linear(64, 3))
     opt = optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     x, y = mg.randn(8, 1, 4, 4), mg.tensor([0, 1, 2, 0, 1, 2, 0, 1])
 
@@ -148,8 +149,8 @@ def test_reading_the_loss_after_step_does_not_recompute_the_forward_pass():
     loss = step()
     with mg.profile() as prof:
         loss.item()
-    sizes = [int(np.prod([int(n) for n in k.name.split("_")[1].split("x")])) if k.name.split("_")[1] != "scalar"
-             else 1 for k in prof.kernels]
+    shapes = [k.name.split("_")[1] for k in prof.kernels]
+    sizes = [1 if shape == "scalar" else int(np.prod([int(n) for n in shape.split("x")])) for shape in shapes]
     # only the loss's own tail, over the logits: the backward computed the softmax's row max and
     # sum inside its own kernel (a row prologue), so they have no buffer and are computed again
     assert prof.launches <= 5 and max(sizes) <= 8, [k.name for k in prof.kernels]
