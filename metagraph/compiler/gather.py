@@ -37,8 +37,8 @@ def gathered(lowering, node, out):
         used |= coefficients.keys()
         if not coefficients:
             continue
-        pick = max(coefficients, key=lambda v: x.shape[v])
-        if abs(coefficients[pick]) != 1:
+        pick = _solved_variable(coefficients, x.shape)
+        if pick is None:
             return None
         solved[pick] = (t, coefficients, const)
     free = [v for v in range(x.ndim) if v not in solved]
@@ -64,6 +64,27 @@ def gathered(lowering, node, out):
     result = lowering.accumulate(node.dtype, 0, "add", loops, value)
     outer = tuple(Var(d) for d in range(node.ndim))
     return lowering.loop_nest(node, ir.Store(out, lowering.flat(node.shape, outer), result))
+
+
+GATHER_WASTE_MAX = 3      # a strided gather may run this many times the loop steps that add
+
+
+def _solved_variable(coefficients, shape):
+    """The source variable an output index is solved for: the longest one if its coefficient is
+    +-1. Else (a strided conv's input gradient, y = 2*oy + ky - 1) the longest with coefficient
+    +-1, if the others are short enough: the gather then runs over every oy and adds where ky
+    is in range, about kh/stride of them per y; more than GATHER_WASTE_MAX times that many steps,
+    and the scatter, which wastes none, is kept."""
+    longest = max(coefficients, key=lambda v: shape[v])
+    if abs(coefficients[longest]) == 1:
+        return longest
+    units = [v for v in coefficients if abs(coefficients[v]) == 1]
+    if not units:
+        return None
+    pick = max(units, key=lambda v: shape[v])
+    steps = math.prod(shape[v] for v in coefficients if v != pick)
+    adding = math.prod(max(1.0, shape[pick] / abs(c)) for v, c in coefficients.items() if v != pick)
+    return pick if steps <= GATHER_WASTE_MAX * adding else None
 
 
 def unguarded_reads(lowering, value):
