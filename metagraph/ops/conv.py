@@ -281,7 +281,7 @@ def _source_positions(size, out, scale_factor, align_corners, nearest):
     return np.maximum((dst + 0.5) * scale - 0.5, 0.0)
 
 
-@recorded
+# not @recorded: its index tables are buffers it makes, so no call of it could be replayed
 def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=None):
     """Resize the last two dimensions of NCHW input (nearest or bilinear)."""
     if x.ndim != 4:

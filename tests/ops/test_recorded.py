@@ -191,8 +191,9 @@ def _cases():
         "conv2d": (conv.conv2d, (x, w, None, 2, 1, 1, 1), {}),
         "conv2d_groups": (conv.conv2d, (_n(1, 4, 6, 6), _n(4, 2, 3, 3)), {"groups": 2, "padding": 1}),
         "max_pool2d": (conv.max_pool2d, (x, 3), {"stride": 2, "padding": 1}),
-        "interpolate": (conv.interpolate, (x,), {"scale_factor": 2, "mode": "bilinear",
-                                                  "align_corners": False}),
+        # makes its index tables as buffers: not recorded in ops, and called every time if it were
+        "interpolate": (recorded(conv.interpolate), (x,), {"scale_factor": 2, "mode": "bilinear",
+                                                            "align_corners": False}),
         "cross_entropy": (loss.cross_entropy, (v, _i([0, 3, 1])), {"label_smoothing": 0.1}),
         "batch_norm_training": (loss.batch_norm, (x, _n(3), _n(3, seed=3), _n(3, seed=4), None, True),
                                 {}),
