@@ -29,18 +29,12 @@ class IndexOutOfRange(MetagraphError, IndexError):
     """An index outside a tensor's bounds."""
 
 
-_PACKAGE_CODE = set()     # the package's code objects met so far (asked at every new node)
-
-
 def user_location():
-    """The (file, line) of the innermost stack frame outside the metagraph package."""
+    """The (file, line) of the innermost stack frame outside the metagraph package. Asked at every
+    new node: a filename test per frame, never a set of code objects (hashing a code object hashes
+    its bytecode and constants: 8-40 us for a script's module-level code, where training loops live)."""
     frame = sys._getframe(1)
-    while frame is not None:
-        code = frame.f_code
-        if code not in _PACKAGE_CODE:
-            if not code.co_filename.startswith(_PACKAGE_DIR):
-                break
-            _PACKAGE_CODE.add(code)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back
     if frame is None:
         return ("<unknown>", 0)
