@@ -97,9 +97,12 @@ def expand(x, shape):
 def operands(op, *xs, dtype=None):
     """Nodes of one broadcast shape and one dtype (promoted unless `dtype` is given)."""
     first = xs[0]
-    if is_node(first) and (dtype is None or dtype == first.dtype) and all(
-            is_node(x) and x.shape == first.shape and x.dtype == first.dtype for x in xs[1:]):
-        return list(xs)        # nothing to promote or broadcast (most operands, at every call)
+    if is_node(first) and (dtype is None or dtype == first.dtype):
+        for x in xs:
+            if not is_node(x) or x.shape != first.shape or x.dtype != first.dtype:
+                break
+        else:
+            return list(xs)    # nothing to promote or broadcast (most operands, at every call)
     if dtype is None and len(xs) == 2 and is_node(xs[0]) != is_node(xs[1]):
         node, scalar = xs if is_node(xs[0]) else xs[::-1]
         # a weak scalar of the node's own kind (x + 1, x * 0.5): the node's dtype, as promotion says
