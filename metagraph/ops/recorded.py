@@ -103,7 +103,7 @@ def _record(result, arguments, start):
     slot = {id(node): k for k, node in enumerate(arguments)}
     built, constants, stack = {}, [], []
     try:
-        shape = _slotted(result, stack)
+        structure = _slotted(result, stack)
     except _Unkeyable:
         return _CALL
     while stack:
@@ -126,7 +126,7 @@ def _record(result, arguments, start):
     steps = tuple((node.op, node.attrs, node.shape, node.dtype, node.requires_grad, node.leaf,
                    signature(node), tuple(slot[id(source)] for source in node.inputs))
                   for node in order)
-    return Template(steps, constants, _numbered(shape, slot))
+    return Template(steps, constants, _numbered(structure, slot))
 
 
 def _slotted(result, stack):

@@ -45,9 +45,7 @@ class Pool:
                 ref = weakref.ref(out, self._give_back)
                 self.lent[id(ref)] = (ref, size, raw)
                 return out
-        flat = np.empty(nbytes, np.uint8)
-        flat[nbytes - slack:] = 0
-        return np.ndarray(shape, dtype, flat)
+        return np.ndarray(shape, dtype, _zero_tailed(nbytes, slack))
 
     def _give_back(self, ref):
         """An array handed out has been freed: its raw array may be taken again."""
@@ -68,8 +66,7 @@ class Pool:
             self._release()
             if self.held + nbytes > self.limit:
                 return None
-        raw = np.empty(nbytes, np.uint8)
-        raw[nbytes - slack:] = 0
+        raw = _zero_tailed(nbytes, slack)
         self.arrays.setdefault(size, {})[id(raw)] = raw
         self.held += nbytes
         return raw
@@ -87,3 +84,10 @@ class Pool:
         for size, returned in self.returned.items():
             while returned:
                 self._forget(size, returned.pop())
+
+
+def _zero_tailed(nbytes, slack):
+    """A fresh byte array whose last `slack` bytes are zero (the rest uninitialised)."""
+    raw = np.empty(nbytes, np.uint8)
+    raw[nbytes - slack:] = 0
+    return raw
