@@ -353,7 +353,12 @@ def probe_vector_math(backend):
 
 
 class SharedObjects:
-    """Kernels in shared objects, loaded through cffi's ABI mode as fn(arrays, error array)."""
+    """Kernels in shared objects, loaded through cffi's ABI mode as fn(arrays, error array).
+
+    A shared object is opened with RTLD_NODELETE: it stays mapped until the process ends, and so
+    does the OpenMP runtime it links. Otherwise, at interpreter exit, freeing the last library
+    object unmaps the runtime while its idle worker threads still spin in its code, and the
+    process dies of SIGSEGV after its work is done."""
 
     def __init__(self):
         self.ffi = cffi.FFI()
@@ -364,7 +369,7 @@ class SharedObjects:
             self.ffi.cdef(f"void {name}(char **, int64_t *);")
             self.declared.add(name)
         if path not in self.opened:
-            self.opened[path] = self.ffi.dlopen(path)
+            self.opened[path] = self.ffi.dlopen(path, self.ffi.RTLD_NOW | self.ffi.RTLD_NODELETE)
         return launcher(self.ffi, getattr(self.opened[path], name))
 
 

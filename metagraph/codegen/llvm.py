@@ -13,6 +13,7 @@ OpenMP trampolines. `llvm_ops.py` holds each op's instructions; `Renderer` walks
 """
 import ctypes
 import ctypes.util
+import os
 
 import cffi
 
@@ -371,12 +372,18 @@ class LLVMBackend(CompiledBackend):
         self.opened = set()
 
     def _load_library(self, name):
+        """Make a system library's symbols visible to the JIT; whether it could be loaded.
+
+        LLVM closes its "permanent" libraries when the process exits, which would unmap the
+        OpenMP runtime while its idle worker threads still spin in it (SIGSEGV after the work is
+        done); a second handle opened with RTLD_NODELETE keeps it mapped to the end."""
         path = ctypes.util.find_library(name)
         if path is None:
             return False
         try:
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL | os.RTLD_NODELETE)
             self.llvm.load_library_permanently(path)
-        except RuntimeError:
+        except (OSError, RuntimeError):
             return False
         return True
 
