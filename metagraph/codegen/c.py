@@ -23,6 +23,7 @@ CTYPE = {"bool": "uint8_t", "uint8": "uint8_t", "int8": "int8_t", "int16": "int1
          "int64": "int64_t", "float16": "_Float16", "float32": "float", "float64": "double"}
 
 MATH = {"sqrt": "sqrt", "exp2": "exp2", "log2": "log2", "sin": "sin"}
+INLINE_FLOAT_MATH = {"exp2": "mg_exp2"}   # float32 (and float16) through c_helpers.j2's, not libm's
 FMA = {dtypes.float32: "fmaf", dtypes.float64: "fma"}
 BINARY = {"add": "({0} + {1})", "mul": "({0} * {1})", "cmplt": "({0} < {1})", "cmpne": "({0} != {1})",
           "and": "({0} & {1})", "or": "({0} | {1})", "xor": "({0} ^ {1})"}
@@ -126,10 +127,12 @@ class Renderer:
         if op == "recip":
             return f"({scalar(1, dtype)} / {args[0]})"
         if op in MATH:
-            function = MATH[op]
+            if dtype not in (dtypes.float32, dtypes.float16):
+                return f"{MATH[op]}({args[0]})"
+            function = INLINE_FLOAT_MATH.get(op, MATH[op]) + "f"
             if dtype == dtypes.float16:
-                return f"((_Float16){function}f((float){args[0]}))"
-            return f"{function}{'f' if dtype == dtypes.float32 else ''}({args[0]})"
+                return f"((_Float16){function}((float){args[0]}))"
+            return f"{function}({args[0]})"
         if op == "cast":
             if dtype == dtypes.bool_:
                 return f"({args[0]} != 0)"

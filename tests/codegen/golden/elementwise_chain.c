@@ -13,7 +13,7 @@ void e_64_1e4a4486(char **restrict args, int64_t *restrict err) {
         float t8 = (t6 ? t7 : t0);
         float t9 = (-t8);
         float t10 = (t9 * ((float)1.4426950408889634));
-        float t11 = exp2f(t10);
+        float t11 = mg_exp2f(t10);
         float t12 = (t11 + ((float)1.0));
         float t13 = (((float)1.0) / t12);
         float t14 = (t11 * t13);
