@@ -29,11 +29,12 @@ class IndexOutOfRange(MetagraphError, IndexError):
     """An index outside a tensor's bounds."""
 
 
-def user_location():
-    """The (file, line) of the innermost stack frame outside the metagraph package. Asked at every
+def user_location(first=2):
+    """The (file, line) of the innermost stack frame outside the metagraph package, looking from
+    frame `first` out (0 is this function's, 1 its caller's: always the package's). Asked at every
     new node: a filename test per frame, never a set of code objects (hashing a code object hashes
     its bytecode and constants: 8-40 us for a script's module-level code, where training loops live)."""
-    frame = sys._getframe(1)
+    frame = sys._getframe(first)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back
     if frame is None:

@@ -40,6 +40,14 @@ def lift(fn):
     return lifted
 
 
+def _operator(fn):
+    """A binary operator's method: `self` is a Tensor (lift's general wrapper costs 0.4 us more
+    per `x + 1`)."""
+    def lifted(self, other):
+        return _wrap(fn(self.node, _unwrap(other)))
+    return lifted
+
+
 def _reflected(fn):
     def lifted(self, other):
         return _wrap(fn(_unwrap(other), self.node))
@@ -264,19 +272,19 @@ class Tensor:
     bool = _to_dtype(dtypes.bool_)
 
     # ---- operators ----------------------------------------------------------------------------
-    __add__, __radd__ = lift(m.add), _reflected(m.add)
-    __sub__, __rsub__ = lift(m.sub), _reflected(m.sub)
-    __mul__, __rmul__ = lift(m.mul), _reflected(m.mul)
-    __truediv__, __rtruediv__ = lift(m.div), _reflected(m.div)
-    __floordiv__, __rfloordiv__ = lift(m.floor_divide), _reflected(m.floor_divide)
-    __mod__, __rmod__ = lift(m.remainder), _reflected(m.remainder)
-    __pow__, __rpow__ = lift(m.pow), _reflected(m.pow)
-    __matmul__, __rmatmul__ = lift(linalg.matmul), _reflected(linalg.matmul)
-    __and__, __rand__ = lift(m.bitwise_and), _reflected(m.bitwise_and)
-    __or__, __ror__ = lift(m.bitwise_or), _reflected(m.bitwise_or)
-    __xor__, __rxor__ = lift(m.bitwise_xor), _reflected(m.bitwise_xor)
-    __lt__, __le__, __gt__, __ge__ = lift(m.lt), lift(m.le), lift(m.gt), lift(m.ge)
-    __eq__, __ne__ = lift(m.eq), lift(m.ne)
+    __add__, __radd__ = _operator(m.add), _reflected(m.add)
+    __sub__, __rsub__ = _operator(m.sub), _reflected(m.sub)
+    __mul__, __rmul__ = _operator(m.mul), _reflected(m.mul)
+    __truediv__, __rtruediv__ = _operator(m.div), _reflected(m.div)
+    __floordiv__, __rfloordiv__ = _operator(m.floor_divide), _reflected(m.floor_divide)
+    __mod__, __rmod__ = _operator(m.remainder), _reflected(m.remainder)
+    __pow__, __rpow__ = _operator(m.pow), _reflected(m.pow)
+    __matmul__, __rmatmul__ = _operator(linalg.matmul), _reflected(linalg.matmul)
+    __and__, __rand__ = _operator(m.bitwise_and), _reflected(m.bitwise_and)
+    __or__, __ror__ = _operator(m.bitwise_or), _reflected(m.bitwise_or)
+    __xor__, __rxor__ = _operator(m.bitwise_xor), _reflected(m.bitwise_xor)
+    __lt__, __le__, __gt__, __ge__ = _operator(m.lt), _operator(m.le), _operator(m.gt), _operator(m.ge)
+    __eq__, __ne__ = _operator(m.eq), _operator(m.ne)
     __neg__, __abs__, __invert__ = lift(m.neg), lift(m.abs_), lift(m.bitwise_not)
     __pos__ = lambda self: self  # noqa: E731
 

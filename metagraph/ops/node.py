@@ -17,19 +17,27 @@ class GradMode:
 
 
 _ids = itertools.count()
-_building = threading.local()     # .location: where the nodes being built are created, if known
+
+
+class _Building(threading.local):
+    """Per thread: where the nodes being built now are created, if known. A class default, not
+    getattr(..., None): a missing thread-local attribute costs a caught AttributeError per node."""
+    location = None
+
+
+_building = _Building()
 
 
 def current_location():
     """Where a node built now is created: the user's line, or the one located() gives."""
-    return getattr(_building, "location", None) or user_location()
+    return _building.location or user_location(3)    # past this function and its caller
 
 
 @contextmanager
 def located(location):
     """Nodes built inside record `location` rather than each walking the stack to find it (the
     backward pass and an optimizer's step build thousands of nodes from one user line)."""
-    outer = getattr(_building, "location", None)
+    outer = _building.location
     _building.location = location
     try:
         yield
