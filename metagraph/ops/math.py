@@ -36,7 +36,12 @@ def result_type(*operands):
 
 
 def scalar_in(value, dtype):
-    """A Python scalar converted to `dtype` as a tensor element would be (ints wrap)."""
+    """A Python scalar (or a 0-d array's) converted to `dtype` as a tensor element would be (ints
+    wrap)."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if not isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)):
+        fail(DTypeError, "const", f"unsupported scalar {value!r} of type {type(value).__name__}")
     if dtype == dtypes.bool_:
         return bool(value)
     if dtype.is_int:
@@ -51,16 +56,21 @@ CONSTANT_CACHE_SIZE = 4096
 
 
 def const(value, shape, dtype):
-    """`value` broadcast over `shape` (a view; no buffer). Equal small constants share one node."""
-    value, shape = scalar_in(value, dtype), tuple(shape)
-    if math.prod(shape) > 4096:
-        return apply("const", value=value, shape=shape, dtype=dtype)
-    key = (value, type(value), shape, dtype, math.copysign(1.0, value) if isinstance(value, float) else 0)
-    node = _CONSTANTS.get(key)
+    """`value` broadcast over `shape` (a view; no buffer). Equal small constants share one node,
+    found by the value as given (its conversion to `dtype` depends on nothing else)."""
+    shape = tuple(shape)
+    sign = math.copysign(1.0, value) if isinstance(value, (float, np.floating)) else 0    # -0.0 is not 0.0
+    key = (value, type(value), shape, dtype, sign)
+    try:
+        node = _CONSTANTS.get(key)
+    except TypeError:            # unhashable (a 0-d array, or no scalar: scalar_in says so): not kept
+        return apply("const", value=scalar_in(value, dtype), shape=shape, dtype=dtype)
     if node is None:
-        if len(_CONSTANTS) >= CONSTANT_CACHE_SIZE:
-            _CONSTANTS.pop(next(iter(_CONSTANTS)))
-        node = _CONSTANTS[key] = apply("const", value=value, shape=shape, dtype=dtype)
+        node = apply("const", value=scalar_in(value, dtype), shape=shape, dtype=dtype)
+        if math.prod(shape) <= 4096:
+            if len(_CONSTANTS) >= CONSTANT_CACHE_SIZE:
+                _CONSTANTS.pop(next(iter(_CONSTANTS)))
+            _CONSTANTS[key] = node
     return node
 
 

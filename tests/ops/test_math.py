@@ -191,3 +191,18 @@ def test_integer_overflow_wraps_like_torch():
     assert (a + 10).tolist() == [4]
     b = mg.tensor([2**62], dtype=mg.int64)
     assert (b * 2).numpy()[0] == np.int64(-(2**63))
+
+
+def test_shared_constants_keep_the_sign_of_zero_of_numpy_scalars():
+    ones = mg.tensor(np.ones(3, dtype=np.float32))
+    assert not np.signbit((ones * np.float32(0.0)).numpy()).any()
+    assert np.signbit((ones * np.float32(-0.0)).numpy()).all()     # not the cached +0.0 constant
+    assert np.signbit((ones * -0.0).numpy()).all()
+
+
+def test_fill_takes_scalars_and_zero_d_arrays_and_names_anything_else():
+    assert mg.zeros(2).fill_(np.array(3.0)).numpy().tolist() == [3.0, 3.0]
+    assert mg.zeros(2, dtype=mg.int32).fill_(np.int64(7)).numpy().tolist() == [7, 7]
+    for bad in ([1.0], None, np.array([3.0]), "x"):
+        with pytest.raises(mg.DTypeError, match="const: unsupported scalar"):
+            mg.zeros(2).fill_(bad)
