@@ -235,6 +235,11 @@ class Tensor:
         return self._replace(mv.broadcast_to(m.cast(_unwrap(source), self.dtype), self.shape))
 
     def fill_(self, value):
+        if isinstance(value, Tensor):
+            if value.ndim:
+                raise ShapeError(f"fill_: the value must be a number or a 0-d tensor, got shape "
+                                 f"{value.shape}")
+            return self.copy_(value)
         return self._replace(m.const(value, self.shape, self.dtype))
 
     def zero_(self):

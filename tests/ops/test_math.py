@@ -206,3 +206,7 @@ def test_fill_takes_scalars_and_zero_d_arrays_and_names_anything_else():
     for bad in ([1.0], None, np.array([3.0]), "x"):
         with pytest.raises(mg.DTypeError, match="const: unsupported scalar"):
             mg.zeros(2).fill_(bad)
+    t = mg.zeros(2)
+    assert t.fill_(mg.tensor(3.0)).numpy().tolist() == [3.0, 3.0]     # a 0-d tensor, as in PyTorch
+    with pytest.raises(mg.ShapeError, match="fill_"):
+        t.fill_(mg.tensor([3.0]))
