@@ -246,6 +246,9 @@ class Tensor:
         return self.fill_(0)
 
     def __setitem__(self, key, value):
+        if isinstance(value, (list, tuple, np.ndarray)):     # array-like values, as PyTorch takes them
+            from metagraph.creation import tensor            # creation builds on this module
+            value = tensor(value, dtype=self.dtype)
         self._replace(ix.setitem(self.node, _unwrap(key), _unwrap(value), backend.realize))
 
     def __getitem__(self, key):

@@ -196,3 +196,13 @@ def test_division_by_zero_inside_an_index_expression_is_an_error():
     x = mg.tensor(np.arange(6.0))
     with pytest.raises(mg.MetagraphError, match="divide"):
         x.reindex([6], ["i0 // (i0 - 2)"]).numpy()
+
+
+def test_setitem_takes_lists_and_arrays_as_pytorch_does():
+    x = mg.zeros(3, 2)
+    x[0] = [1, 2]
+    x[1] = np.array([3.0, 4.0])
+    x[2, 1] = np.array(5.0)
+    np.testing.assert_array_equal(x.numpy(), [[1, 2], [3, 4], [0, 5]])
+    with pytest.raises(mg.ShapeError, match="setitem"):
+        x[0] = [1, 2, 3]
