@@ -214,7 +214,7 @@ def reindex(x, shape, indexes, overflow_value=0, extras=()):
     except MetagraphError as error:
         fail(type(error), "reindex", str(error))
     return apply("reindex", x, *extras, shape=shape, index_map=index_map,
-                 fill=m.scalar_in(overflow_value, x.dtype), checked=False)
+                 fill=m.scalar_in(overflow_value, x.dtype, "reindex"), checked=False)
 
 
 _REDUCE_OPS = {"add": "add", "sum": "add", "max": "max", "maximum": "max",

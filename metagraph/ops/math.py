@@ -35,13 +35,13 @@ def result_type(*operands):
     return dtypes.result_type(*[_promotion_operand(x) for x in operands])
 
 
-def scalar_in(value, dtype):
+def scalar_in(value, dtype, op="const"):
     """A Python scalar (or a 0-d array's) converted to `dtype` as a tensor element would be (ints
-    wrap)."""
+    wrap); anything else is an error of `op`, the operation that was given it."""
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value[()]
     if not isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)):
-        fail(DTypeError, "const", f"unsupported scalar {value!r} of type {type(value).__name__}")
+        fail(DTypeError, op, f"unsupported scalar {value!r} of type {type(value).__name__}")
     if dtype == dtypes.bool_:
         return bool(value)
     if dtype.is_int:

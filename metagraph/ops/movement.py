@@ -197,7 +197,7 @@ def pad(x, pad, mode="constant", value=0.0):
                                         "replicate or circular")
         shape.append(out)
         index_map.append(i)
-    return view(x, shape, index_map, fill=m.scalar_in(value, x.dtype))
+    return view(x, shape, index_map, fill=m.scalar_in(value, x.dtype, "pad"))
 
 
 @recorded

@@ -92,6 +92,7 @@ test_forward, test_gradient = case_tests(CASES, float32=False)
         (lambda x: mg.cat([x, x[:, :, :2]], 1), "differ outside dimension 1"),
         (lambda x: x.split([1, 1], 1), "do not sum"),
         (lambda x: mg.nn.functional.pad(x, (4, 4), mode="reflect"), "smaller"),
+        (lambda x: mg.nn.functional.pad(x, (1, 1), value=[0.0]), "pad: unsupported scalar"),
     ],
 )
 def test_errors_name_the_op(bad, match):
