@@ -112,6 +112,48 @@ def replaced(value, replacements):
     return walk(value)
 
 
+def _unless_true(cond):
+    """A condition, or None where it folded to a constant that holds (no test needed)."""
+    return None if isinstance(cond, Const) and cond.value else cond
+
+
+def rewritten(value, rewrite, keep=None):
+    """A value tree with `rewrite` (expression -> expression) applied to its index expressions.
+    Values it does not change stay the same objects (shared), and so does `keep`; a guard whose
+    condition becomes true everywhere is dropped."""
+    def index(expr):
+        return None if expr is None else rewrite(expr)
+    memo = {}
+
+    def walk(v):
+        if id(v) in memo:
+            return memo[id(v)]
+        out = v
+        if isinstance(v, Load):
+            parts = (index(v.index), _unless_true(index(v.valid)))
+            if parts != (v.index, v.valid):
+                out = Load(v.param, parts[0], v.dtype, parts[1])
+        elif isinstance(v, IndexValue):
+            expr = index(v.expr)
+            if expr != v.expr:
+                out = IndexValue(expr, v.dtype)
+        elif isinstance(v, Guard):
+            parts = (index(v.cond), walk(v.value), index(v.valid))
+            if _unless_true(parts[0]) is None:      # holds everywhere (a block's inner row)
+                out = parts[1]
+            elif parts != (v.cond, v.value, v.valid):
+                out = Guard(parts[0], parts[1], v.fill, parts[2], v.check)
+        elif isinstance(v, Apply):
+            args = tuple(walk(a) for a in v.args)
+            if any(a is not b for a, b in zip(args, v.args)):
+                out = Apply(v.op, args, v.dtype, v.site)
+        elif isinstance(v, Ref) and v is not keep and v.index is not None:
+            out = Ref(v.name, v.dtype, index(v.index))
+        memo[id(v)] = out
+        return out
+    return walk(value)
+
+
 def index_expressions(v):
     """The index expressions one value node uses (not those of its arguments)."""
     if isinstance(v, Load):
@@ -209,3 +251,29 @@ def extra_offset(param, args):
             offset = offset + arg * stride
         stride *= size
     return offset
+
+
+def rewritten_statement(s, rewrite, rename=None):
+    """A statement (and the loops inside it) with `rewrite` applied to every index expression and
+    accumulators renamed by `rename` (old name -> new name)."""
+    rename = rename or {}
+
+    def index(expr):
+        return None if expr is None else rewrite(expr)
+
+    def value(v):
+        v = rewritten(v, rewrite)
+        refs = {id(r): Ref(rename[r.name], r.dtype, r.index) for r in values(v)
+                if isinstance(r, Ref) and r.name in rename}
+        return replaced(v, refs) if refs else v
+    if isinstance(s, Loop):
+        return Loop(s.var, s.extent, s.kind, [rewritten_statement(b, rewrite, rename) for b in s.body])
+    if isinstance(s, Define):
+        return Define(rename.get(s.name, s.name), s.dtype, s.init, s.op, s.size)
+    if isinstance(s, Accumulate):
+        return Accumulate(rename.get(s.name, s.name), s.op, value(s.value), index(s.index))
+    if isinstance(s, Assign):
+        return Assign(rename.get(s.name, s.name), index(s.index), value(s.value))
+    if isinstance(s, Store):
+        return Store(s.param, index(s.index), value(s.value))
+    return ScatterAccumulate(s.param, index(s.index), s.op, value(s.value), index(s.valid), s.check)

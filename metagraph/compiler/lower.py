@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from metagraph import dtypes
-from metagraph.compiler import contraction, decompose, gather, ir, rows
+from metagraph.compiler import cascade, contraction, decompose, gather, ir, rows
 from metagraph.compiler.fusion import materialised
 from metagraph.compiler.nest import ACC_REGISTERS, Nest
 from metagraph.compiler.simplify import simplify, substitute
@@ -367,6 +367,7 @@ class _Lowering:
             rows.cache_shared(self.prologues, store, node.shape, self.extents)
             body = rows.place(self.loop_nest(node, store), self.prologues)
             kind = "r" if self.reduce_parts else "e"
+        body = cascade.blocked_sums(body, self.extents)
         params = [param for _, param in self.params]
         positions = [position for position, _ in self.params]
         shape = "x".join(map(str, node.shape)) or "scalar"

@@ -31,11 +31,6 @@ ROW_MIN, ROW_MAX = 8, 1024   # output rows this long are accumulated whole, thei
 ACC_REGISTERS = 32
 
 
-def _unless_true(cond):
-    """A condition, or None where it folded to a constant that holds (no test needed)."""
-    return None if isinstance(cond, Const) and cond.value else cond
-
-
 @dataclass
 class _Block:
     """The output elements a reduction accumulates at once: `block` are their loop variables
@@ -351,35 +346,6 @@ class Nest:
         return self.rewritten(value, lambda expr: substitute(expr, mapping))
 
     def rewritten(self, value, rewrite):
-        """A value tree with `rewrite` applied to its index expressions (then simplified)."""
-        def index(expr):
-            return None if expr is None else simplify(rewrite(expr), self.extents)
-        memo = {}
-
-        def walk(v):
-            if id(v) in memo:
-                return memo[id(v)]
-            out = v         # values the mapping does not change stay the same objects (shared)
-            if isinstance(v, ir.Load):
-                parts = (index(v.index), _unless_true(index(v.valid)))
-                if parts != (v.index, v.valid):
-                    out = ir.Load(v.param, parts[0], v.dtype, parts[1])
-            elif isinstance(v, ir.IndexValue):
-                expr = index(v.expr)
-                if expr != v.expr:
-                    out = ir.IndexValue(expr, v.dtype)
-            elif isinstance(v, ir.Guard):
-                parts = (index(v.cond), walk(v.value), index(v.valid))
-                if _unless_true(parts[0]) is None:      # holds everywhere (a block's inner row)
-                    out = parts[1]
-                elif parts != (v.cond, v.value, v.valid):
-                    out = ir.Guard(parts[0], parts[1], v.fill, parts[2], v.check)
-            elif isinstance(v, ir.Apply):
-                args = tuple(walk(a) for a in v.args)
-                if any(a is not b for a, b in zip(args, v.args)):
-                    out = ir.Apply(v.op, args, v.dtype, v.site)
-            elif isinstance(v, ir.Ref) and v is not self.accumulator and v.index is not None:
-                out = ir.Ref(v.name, v.dtype, index(v.index))
-            memo[id(v)] = out
-            return out
-        return walk(value)
+        """A value tree with `rewrite` applied to its index expressions (then simplified); the
+        kernel's accumulator, whose index is set later, is kept as the same object."""
+        return ir.rewritten(value, lambda expr: simplify(rewrite(expr), self.extents), self.accumulator)
