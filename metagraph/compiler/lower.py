@@ -186,7 +186,8 @@ class _Lowering:
     def __init__(self, graph, chosen, root, epilogue_reduce, target, prologues=frozenset()):
         self.graph, self.chosen, self.root, self.target = graph, chosen, root, target
         self.fused_reduce = epilogue_reduce[0] if epilogue_reduce else None
-        self.prologue_reduces, self.prologue_names, self.building = prologues, set(), []
+        self.prologue_reduces, self.building = prologues, []
+        self.prologue_depths = {}    # a row prologue's accumulator name -> (depth, graph position)
         self.prologues = []      # rows.Prologue, in the order made
         self.params, self.param_of, self.sites, self.memo = [], {}, [], {}
         self.extents, self.accumulator = {}, None
@@ -217,7 +218,19 @@ class _Lowering:
         key = (node.id, index, valid)
         if key not in self.memo:
             self.memo[key] = self._value(node, index, valid)
+        elif self.building:
+            self.reachable(self.memo[key])
         return self.memo[key]
+
+    def reachable(self, value):
+        """Refuse a value made earlier that reads a row prologue computed deeper in the loops than
+        the prologue being built now can see (softmax(a @ b): the matmul's per-element sum, made
+        for the numerator, read again by the row's max over the same elements)."""
+        for v in ir.values(value):
+            if isinstance(v, ir.Ref) and v.name in self.prologue_depths:
+                depth, position = self.prologue_depths[v.name]
+                if depth > min(self.building):
+                    raise _Refuse(position)
 
     def _value(self, node, index, valid):
         k = self.graph.position[node.id]
@@ -318,11 +331,11 @@ class _Lowering:
         depth = 1 + max(used, default=-1)
         name = f"row{position}"
         if valid is not None or not used or depth > min([root.ndim] + self.building) or \
-                name in self.prologue_names or node.numel != math.prod(root.shape[:depth]):
+                name in self.prologue_depths or node.numel != math.prod(root.shape[:depth]):
             # read conditionally, not once per row, at two places, or (inside another prologue)
             # per element of that prologue's row
             raise _Refuse(position)
-        self.prologue_names.add(name)
+        self.prologue_depths[name] = (depth, position)
         axes = node.attrs["axes"]
         reduced = tuple(size for d, size in enumerate(node.inputs[0].shape) if d in axes)
         aligned = bool(reduced) and reduced == root.shape[depth:]

@@ -12,6 +12,8 @@ import metagraph as mg
 from metagraph import dtypes
 from metagraph.expr import Const, Var
 from metagraph.ops import math as m
+from metagraph.ops.linalg import matmul
+from metagraph.ops.loss import softmax
 from metagraph.ops.movement import view
 from metagraph.ops.table import apply
 from tests.backends.conftest import BACKENDS, against_oracle
@@ -122,7 +124,8 @@ def _graph(data):
     shape = tuple(data.draw(st.lists(SIZES, min_size=1, max_size=3), label="shape"))
     values = [_leaf(data, shape, dtype)]
     for _ in range(data.draw(st.integers(1, 6), label="steps")):
-        kind = data.draw(st.sampled_from(["unary", "binary", "view", "reduce", "scatter"]), label="kind")
+        kind = data.draw(st.sampled_from(["unary", "binary", "view", "reduce", "scatter", "contract",
+                                          "softmax"]), label="kind")
         x = data.draw(st.sampled_from(values), label="operand")
         if kind == "unary":
             values.append(_unary(data, x))
@@ -138,6 +141,13 @@ def _graph(data):
             values.append(_random_view(data, x))
         elif kind == "reduce" and x.ndim:
             values.append(_reduce(data, x))
+        elif kind == "contract" and x.ndim and x.dtype != dtypes.bool_:
+            # x @ w over x's last dimension: a reduction of products, fused with what reads it
+            w = _leaf(data, (x.shape[-1], data.draw(SIZES, label="columns")), x.dtype)
+            values.append(matmul(x, w))
+        elif kind == "softmax" and x.ndim and x.dtype.is_float:
+            # row reductions (max, sum) read back by the row: prologues over a fused producer
+            values.append(softmax(x, -1))
         elif kind == "scatter" and x.ndim and x.dtype != dtypes.bool_:
             # a many-to-one scatter: fold the first dimension in half
             size = x.shape[0]
