@@ -169,7 +169,13 @@ class Renderer:
         lines, names = [], {} if names is None else names
         if isinstance(s, ir.Define):
             acc_type = CTYPE[s.dtype.name]
-            if s.size is not None:
+            if s.size is not None and s.init is None:
+                # a staging array (a packed operand, a cached row), used only through a restrict
+                # pointer: GCC 12 otherwise assumed it might alias the register tile's accumulator
+                # array and kept that in memory (a linear layer's transposed panel: 44 -> 80 GFLOP/s)
+                lines.append(f"{acc_type} {s.name}_data[{s.size}] __attribute__((aligned(64)));")
+                lines.append(f"{acc_type} *restrict {s.name} = __builtin_assume_aligned({s.name}_data, 64);")
+            elif s.size is not None:
                 # explicitly aligned: GCC 12 otherwise placed it misaligned under an aligned store
                 lines.append(f"{acc_type} {s.name}[{s.size}] __attribute__((aligned(64)));")
                 if s.init is not None:

@@ -2,7 +2,11 @@
 
 The rules, in the order they apply:
 - requested outputs, `reduce`, `reindex_reduce` and `contiguous` are materialised (a reduce may
-  still fuse into its only consumer as an epilogue: see `lower.py`);
+  still fuse into its only consumer as an epilogue, or as a row prologue computed once per row of
+  it: see `lower.py`, `rows.py`); a contraction is never fused so that it loses its register
+  tile: a reduction with one value per element of its reader (a projection read through a
+  head-split permute) fuses only when it sums at most rows.PER_ELEMENT_TERMS terms, and an operand
+  read with a stride along the output row is packed into a panel (`nest.py`);
 - views (`reindex`, `const`, `index`) and element-wise nodes are inlined into their consumers;
 - an element-wise node read by more than one consumer is recomputed in each if it is cheap
   (cost <= CHEAP_COST), materialised otherwise;

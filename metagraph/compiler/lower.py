@@ -330,14 +330,15 @@ class _Lowering:
         used = set().union(*(variables(e) for e in index))
         depth = 1 + max(used, default=-1)
         name = f"row{position}"
-        if valid is not None or not used or depth > min([root.ndim] + self.building) or \
-                name in self.prologue_depths or node.numel != math.prod(root.shape[:depth]):
-            # read conditionally, not once per row, at two places, or (inside another prologue)
-            # per element of that prologue's row
-            raise _Refuse(position)
-        self.prologue_depths[name] = (depth, position)
         axes = node.attrs["axes"]
         reduced = tuple(size for d, size in enumerate(node.inputs[0].shape) if d in axes)
+        if valid is not None or not used or depth > min([root.ndim] + self.building) or \
+                name in self.prologue_depths or node.numel != math.prod(root.shape[:depth]) or \
+                depth == root.ndim and math.prod(reduced) > rows.PER_ELEMENT_TERMS:
+            # read conditionally, not once per row, at two places, (inside another prologue) per
+            # element of that prologue's row, or a long reduction per element (rows.py)
+            raise _Refuse(position)
+        self.prologue_depths[name] = (depth, position)
         aligned = bool(reduced) and reduced == root.shape[depth:]
         source_index, loops = self.reduced(node, index, depth if aligned else 1 + max(self.extents))
         op = node.attrs["op"]

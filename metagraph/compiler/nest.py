@@ -24,6 +24,7 @@ from metagraph.expr import Const, Var, linear_terms, variables
 
 PACK_BYTES = 64 * 1024    # a packed operand slice (`Nest.packed`) at most this large
 TILE_PACK_BYTES = 192 * 1024   # a channel tile's packed operand (`Nest.channel_tile`), in L2
+PANEL_BYTES = 512 * 1024       # a transposed operand's panel (`Nest.transposed_panel`): half of L2
 ROW_MIN, ROW_MAX = 8, 1024   # output rows this long are accumulated whole, their loop innermost
 # A register tile of at most ACC_REGISTERS vectors stays in registers for the whole reduction
 # (AVX-512 has 32; a backend may ask for fewer): matmul 1024^3 went from 78-88 to 117-160
@@ -81,6 +82,8 @@ class Nest:
                 self.whole_vectors(found, acc_dtype.itemsize)
             else:
                 found = self.row_block(node, value, store)
+        elif found is None and loops and node.ndim:
+            found = self.transposed_panel(node, value, store, loops, acc_dtype.itemsize)
         if found is None:         # one dot product per output element
             value, loops = self.collapsed(value, loops)
             order = reuse_order(value, node.ndim, self.extents)
@@ -147,6 +150,36 @@ class Nest:
                 continue
             return self.channel_split(node, value, store, v, loops, lanes)
         return None
+
+    def transposed_panel(self, node, value, store, loops, itemsize):
+        """A register tile for a contraction whose one operand that varies along the output row
+        reads the row with a stride and the reduction contiguously (x @ w.T: a linear layer's
+        weight, attention's keys): the row is cut into tiles of whole vectors, and for each tile
+        that operand's panel (the tile's columns over the whole reduction) is copied into a local
+        array, the row innermost (`self.pack`), at the start of the tile's loop; the tile's loop
+        runs inside the output loops the operand reads (keys: per batch and head) and outside
+        the others, which then reuse the panel. A linear layer 1024 -> 256 over 1024 tokens ran
+        as one dot product per output. A _Block, or None."""
+        last, lanes = node.ndim - 1, VECTOR_BYTES // itemsize
+        reduction = [var for var, _ in loops]
+        strided = [load for load in ir.loads(value) if not contiguous(load, last)]
+        if len(strided) != 1 or any(last in loop_variables(v) for v in ir.values(value)
+                                    if v is not strided[0] and not isinstance(v, ir.Apply)):
+            return None
+        (operand,) = strided
+        reads = loop_variables(operand) - set(reduction) - {last}
+        depth = math.prod(extent for _, extent in loops)
+        length = node.shape[last]
+        widest = max(1, self.registers // 8) * lanes       # 8 register-blocked rows of the tile fit
+        tile = next((t for t in range(min(length // 2, widest), lanes - 1, -lanes)
+                     if length % t == 0 and t * depth * itemsize <= PANEL_BYTES), None)
+        if tile is None or any(d >= last for d in reads):
+            return None
+        value, store, row = self.split_row(node, value, store, tile)
+        (operand,) = [load for load in ir.loads(value) if row in loop_variables(load)]
+        value = self.copied(value, operand, list(loops) + [(row, tile)], last)
+        outer = [d for d in range(last) if d in reads] + [last] + [d for d in range(last) if d not in reads]
+        return _Block(value, store, outer, [row])
 
     def channel_split(self, node, value, store, v, loops, lanes):
         """The channel tile (see channel_tile) of output dimension v: v counts tiles of `lanes`."""
