@@ -9,8 +9,8 @@ Each figure is the median of at least --repeat timed calls after two warm-up cal
 forced to complete (read back to numpy); short workloads are called again until a second has
 passed (at most 200 calls), so that their medians rest on more than a few samples. metagraph and
 PyTorch calls alternate, so that noise from the shared machine falls on both. Ratios are torch
-time / metagraph time: above 1, metagraph is faster. PyTorch runs on 2 threads, as metagraph does
-on this machine."""
+time / metagraph time: above 1, metagraph is faster. PyTorch runs on as many threads as metagraph
+(METAGRAPH_NUM_THREADS: `METAGRAPH_NUM_THREADS=1 python -m metagraph.bench` compares one core)."""
 import argparse
 import json
 import os
@@ -24,6 +24,7 @@ import numpy as np
 
 import metagraph as mg
 import metagraph.nn.functional as F
+from metagraph.bench_transformer import WORKLOADS as transformer_workloads
 
 
 MIN_SECONDS = 1.0        # time each workload for at least this long (wall clock) ...
@@ -54,7 +55,7 @@ def _torch():
         import torch
     except ImportError:
         return None
-    torch.set_num_threads(2)
+    torch.set_num_threads(mg.flags.NUM_THREADS)      # as many threads as metagraph's kernels use
     return torch
 
 
@@ -206,6 +207,7 @@ WORKLOADS = {
     "W6": ("ResNet-18 training step, batch 32, 32^2", w6),
     "W7": ("1000 x (a + 1) on 16 floats, then read", w7),
     "W9": ("VGG-11 inference, batch 4, 224^2", _inference(mg.models.vgg11, _torch_vgg11, 4)),
+    **transformer_workloads,
 }
 
 
@@ -300,7 +302,7 @@ def compare_backends(repeat, json_path):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", help="comma-separated workload ids (W1..W9)")
+    parser.add_argument("--only", help="comma-separated workload ids (W1..W11)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", default="bench.json")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-start measurement")
