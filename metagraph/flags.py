@@ -5,7 +5,8 @@ METAGRAPH_BACKEND      backend to start with: c (the default when a C compiler w
 METAGRAPH_DEBUG        1: a line per kernel launch and compile; 2: also the generated source;
                        3: also the fused graph of every new schedule
 METAGRAPH_CACHE_DIR    where compiled kernels are kept (default ~/.cache/metagraph)
-METAGRAPH_NUM_THREADS  OpenMP threads per kernel (default: the machine's cores)
+METAGRAPH_NUM_THREADS  OpenMP threads per kernel (default: the CPUs this process may run on: its
+                       affinity mask, capped by a cgroup CPU quota)
 METAGRAPH_CHECK        1: run the numpy oracle beside every kernel and raise on the first mismatch
 METAGRAPH_LIBRARY      1: contractions that are einsums (matmul, linear, 1x1 conv) run through the BLAS
                        numpy links instead of generated code (off by default; settable at run time)
@@ -30,7 +31,36 @@ BACKEND = os.environ.get("METAGRAPH_BACKEND", "")
 DEBUG = _int("METAGRAPH_DEBUG", 0)
 CACHE_DIR = os.environ.get("METAGRAPH_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
                                                                    "metagraph")
-NUM_THREADS = _int("METAGRAPH_NUM_THREADS", os.cpu_count() or 1)
+def usable_cpus(cgroup_root="/sys/fs/cgroup"):
+    """The CPUs this process may use: its affinity mask (os.cpu_count() ignores it: pinned to one
+    core, two OpenMP threads made a kernel 50x slower), capped by a cgroup v2 or v1 CPU quota."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        count = os.cpu_count() or 1
+    quota = _cgroup_quota(cgroup_root)
+    return max(1, min(count, quota) if quota else count)
+
+
+def _cgroup_quota(root):
+    """ceil(quota / period) of the CPU controller, or None when unlimited or unreadable."""
+    for quota_file, period_file in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
+        try:
+            with open(os.path.join(root, quota_file)) as stream:
+                fields = stream.read().split()
+            if period_file is not None:
+                with open(os.path.join(root, period_file)) as stream:
+                    fields = fields[:1] + stream.read().split()[:1]
+            quota, period = fields[0], int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if quota == "max" or int(quota) <= 0 or period <= 0:
+            return None
+        return -(-int(quota) // period)
+    return None
+
+
+NUM_THREADS = _int("METAGRAPH_NUM_THREADS", usable_cpus())
 CHECK = _int("METAGRAPH_CHECK", 0)
 BANG_NRAM = _int("METAGRAPH_BANG_NRAM", 512 * 1024)
 LIBRARY = _int("METAGRAPH_LIBRARY", 0)
