@@ -52,7 +52,7 @@ def main():
 
     mg.manual_seed(args.seed)
     train = mg.data.DataLoader(mg.datasets.digits(train=True, seed=args.seed), batch_size=args.batch_size,
-                               shuffle=True, seed=args.seed, progress=True)
+                               shuffle=True, progress=True)
     test = mg.data.DataLoader(mg.datasets.digits(train=False, seed=args.seed), batch_size=256)
     model = mlp() if args.mlp else DigitsCNN()
     optimizer = mg.optim.Adam(model.parameters(), lr=lr)

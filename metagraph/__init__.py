@@ -15,7 +15,7 @@ from metagraph.grad import enable_grad, grad, no_grad, set_grad_enabled
 from metagraph.ops import index as _ix, linalg as _linalg, math as _m, movement as _mv
 from metagraph.ops import reduce as _rd
 from metagraph import backend, flags
-from metagraph.random import manual_seed
+from metagraph.random import Generator, manual_seed
 from metagraph.runtime.executor import empty_cache
 from metagraph.runtime.profiler import profile
 from metagraph.serialization import load, save

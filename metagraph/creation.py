@@ -8,7 +8,7 @@ from metagraph.errors import ArgumentError, DTypeError, ShapeError, fail
 from metagraph.ops import math as m
 from metagraph.ops.node import Node
 from metagraph.ops.table import apply
-from metagraph.random import generator
+from metagraph.random import numpy_generator
 from metagraph.tensor import Tensor
 
 
@@ -112,30 +112,33 @@ def eye(n, m_=None, dtype=None, requires_grad=False):
     return result.requires_grad_() if requires_grad else result
 
 
-def rand(*size, dtype=None, requires_grad=False):
-    """Uniform on [0, 1)."""
+def rand(*size, generator=None, dtype=None, requires_grad=False):
+    """Uniform on [0, 1), drawn from `generator` (an mg.Generator; default: the one manual_seed seeds)."""
     dtype = dtypes.as_dtype(dtype) or dtypes.default_float
-    return from_numpy_array(generator().random(_size(size)), dtype, requires_grad)
+    return from_numpy_array(numpy_generator("rand", generator).random(_size(size)), dtype, requires_grad)
 
 
-def randn(*size, dtype=None, requires_grad=False):
-    """Standard normal."""
+def randn(*size, generator=None, dtype=None, requires_grad=False):
+    """Standard normal, drawn from `generator` as rand's."""
     dtype = dtypes.as_dtype(dtype) or dtypes.default_float
-    return from_numpy_array(generator().standard_normal(_size(size)), dtype, requires_grad)
+    return from_numpy_array(numpy_generator("randn", generator).standard_normal(_size(size)), dtype,
+                            requires_grad)
 
 
-def randint(low, high=None, size=(), dtype=None):
-    """Integers uniform on [low, high)."""
+def randint(low, high=None, size=(), *, generator=None, dtype=None):
+    """Integers uniform on [low, high), drawn from `generator` as rand's."""
     if high is None:
         low, high = 0, low
     if high <= low:
         fail(ArgumentError, "randint", f"high ({high}) must be greater than low ({low})")
-    return from_numpy_array(generator().integers(low, high, _size(size)),
+    return from_numpy_array(numpy_generator("randint", generator).integers(low, high, _size(size)),
                             dtypes.as_dtype(dtype) or dtypes.int64)
 
 
-def randperm(n, dtype=None):
-    return from_numpy_array(generator().permutation(n), dtypes.as_dtype(dtype) or dtypes.int64)
+def randperm(n, *, generator=None, dtype=None):
+    """A random permutation of 0 .. n-1, drawn from `generator` as rand's."""
+    return from_numpy_array(numpy_generator("randperm", generator).permutation(n),
+                            dtypes.as_dtype(dtype) or dtypes.int64)
 
 
 def rand_like(x, dtype=None):

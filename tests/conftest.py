@@ -1,7 +1,19 @@
+import os
+import shutil
+import tempfile
+
 import numpy as np
 import pytest
 
-import metagraph as mg
+# One kernel cache for the whole run, never the user's ~/.cache/metagraph: kernels one test compiles
+# serve the others, and subprocess tests inherit it through the environment. Set before metagraph
+# is imported (flags reads the environment then; backends open the cache on first use).
+CACHE_DIR = tempfile.mkdtemp(prefix="metagraph-tests-")
+os.environ["METAGRAPH_CACHE_DIR"] = CACHE_DIR
+
+import metagraph as mg  # noqa: E402  (after the cache directory is chosen)
+
+mg.flags.CACHE_DIR = CACHE_DIR      # in case a plugin imported metagraph before this file
 
 # No tuning in the suite (it would compile variants of every slow kernel run twice); the tuning
 # tests turn it on themselves.
@@ -25,3 +37,7 @@ def _restore_backend():
     yield
     if mg.get_backend() != before:
         mg.set_backend(before)
+
+
+def pytest_sessionfinish(session):
+    shutil.rmtree(CACHE_DIR, ignore_errors=True)

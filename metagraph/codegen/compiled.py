@@ -134,35 +134,48 @@ class CompiledBackend:
         raise NotImplementedError
 
     def open(self, binary_path, name):
-        """The kernel `name` in a built binary, as a callable fn(arrays, error array)."""
+        """The kernel `name` in a built binary, as a callable fn(arrays, error array); raises
+        AttributeError when the binary has no such symbol (a stale or foreign binary)."""
         raise NotImplementedError
 
     # ---- shared --------------------------------------------------------------------------
     def load(self, kernels):
-        """(callables, sources) for the kernels, compiling the ones no cache holds."""
+        """(callables, sources) for the kernels, compiling the ones no cache holds. An entry whose
+        binary lacks its kernel (stale or foreign: its hash cannot tell) is rebuilt and counted as
+        a compile, as a corrupt one is."""
         report = profiler.current()
         sources = [self.render([kernel]) for kernel in kernels]
         keys = [self.cache.key(source) for source in sources]
-        missing = list({key: i for i, key in enumerate(keys)
-                        if key not in self.functions and self.cache.find(key) is None}.values())
-        if missing:
-            self._compile([kernels[i] for i in missing], [keys[i] for i in missing])
+        wanted = list({key: i for i, key in enumerate(keys) if key not in self.functions}.values())
+        missing = [i for i in wanted if self.cache.find(keys[i]) is None]
+        self._compile([kernels[i] for i in missing], [keys[i] for i in missing])
+        stale = [i for i in wanted if not self._open(kernels[i], keys[i])]
+        self._compile([kernels[i] for i in stale], [keys[i] for i in stale])
+        for i in stale:
+            if not self._open(kernels[i], keys[i]):
+                raise CompileError(f"kernel {kernels[i].name} is missing from the binary just built "
+                                   f"for it in {self.cache.directory}")
         if report is not None:
-            report.compiles += len(missing)
-            report.cache_hits += len(kernels) - len(missing)
-        functions = []
-        for kernel, key in zip(kernels, keys):
-            if key not in self.functions:
-                path = self.cache.find(key)
-                if path is None:
-                    raise CompileError(f"kernel {kernel.name} vanished from the cache directory "
-                                       f"{self.cache.directory}")
-                self.functions[key] = self.open(path, kernel.name)
-            functions.append(self.functions[key])
-        return functions, sources
+            report.compiles += len(missing) + len(stale)
+            report.cache_hits += len(kernels) - len(missing) - len(stale)
+        return [self.functions[key] for key in keys], sources
+
+    def _open(self, kernel, key):
+        """Load a cached kernel into self.functions; False when its binary lacks the kernel."""
+        path = self.cache.find(key)
+        if path is None:
+            raise CompileError(f"kernel {kernel.name} vanished from the cache directory "
+                               f"{self.cache.directory}")
+        try:
+            self.functions[key] = self.open(path, kernel.name)
+        except AttributeError:
+            return False
+        return True
 
     def _compile(self, kernels, keys):
         """Compile new kernels: one batch per job, the jobs running at once."""
+        if not kernels:
+            return
         groups = max(1, min(self.compile_jobs, len(kernels)))
         batches = [(kernels[g::groups], keys[g::groups]) for g in range(groups)]
 

@@ -415,5 +415,5 @@ class LLVMBackend(CompiledBackend):
             self.opened.add(path)
         address = self.engine.get_function_address(name)
         if not address:
-            raise CompileError(f"kernel {name} is missing from {path}")
+            raise AttributeError(f"kernel {name} is missing from {path}")
         return launcher(self.ffi, self.ffi.cast("void (*)(char **, int64_t *)", address))

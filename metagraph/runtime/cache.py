@@ -4,15 +4,31 @@ Layout under the cache directory:  batch-<hash>.c (the source a person can read:
 .bang.c by backend) beside batch-<hash>.so (or .o), and index/<kernel key>, which names the binary
 holding that kernel and the binary's SHA-256. The key hashes the kernel's source with the
 toolchain identity (compiler, version, flags, target CPU) and CACHE_VERSION. Every file is
-written to a temporary name and renamed, so a killed process leaves no half-written entry; an
-entry whose object is missing or does not match its hash is rebuilt. tuning/<key of a kernel
-name> holds the tile parameters that timing chose for that kernel (codegen/tuning.py), as text.
+written to a temporary name and renamed, so a killed process leaves no half-written entry, only a
+temporary file, which the first write of a later process removes once it is STALE_SECONDS old. An
+entry whose object is missing or does not match its hash is rebuilt (so is one whose object lacks
+the kernel: codegen/compiled.py). tuning/<key of a kernel name> holds the tile parameters that
+timing chose for that kernel (codegen/tuning.py), as text. A directory that cannot be written
+(a read-only home, a parent that cannot be created) is replaced by a private temporary one, with a
+warning, for the rest of the process.
 """
+import atexit
 import hashlib
 import os
+import shutil
 import tempfile
+import threading
+import time
+import warnings
 
 CACHE_VERSION = "1"
+TEMPORARY_PREFIX = ".tmp-"
+STALE_SECONDS = 3600    # a temporary file this old is no live compile's (one takes seconds, at
+                        # most minutes: the C compiler is given ten)
+
+_usable = {}            # the directory asked for -> the one used (itself, or a temporary fallback)
+_swept = set()          # directories whose stale temporary files this process has removed
+_lock = threading.Lock()    # batches are compiled, and written, from several threads at once
 
 
 def _sha256_file(path):
@@ -26,7 +42,7 @@ def _sha256_file(path):
 def write_atomic(path, data):
     """Write bytes or text to path through a temporary file in the same directory."""
     directory = os.path.dirname(path)
-    fd, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    fd, temporary = tempfile.mkstemp(dir=directory, prefix=TEMPORARY_PREFIX)
     try:
         with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as stream:
             stream.write(data)
@@ -37,15 +53,61 @@ def write_atomic(path, data):
         raise
 
 
+def _prepare(directory):
+    """Create the cache's folders and prove the directory writable; raises OSError otherwise."""
+    for folder in ("index", "tuning"):
+        os.makedirs(os.path.join(directory, folder), exist_ok=True)
+    fd, probe = tempfile.mkstemp(dir=directory, prefix=TEMPORARY_PREFIX)
+    os.close(fd)
+    os.unlink(probe)
+
+
+def usable_directory(directory):
+    """`directory`, ready for use; if it cannot be written, a private temporary directory (removed
+    at exit) with one warning naming both. Decided once per directory per process."""
+    with _lock:
+        if directory not in _usable:
+            try:
+                _prepare(directory)
+                _usable[directory] = directory
+            except OSError as error:
+                fallback = tempfile.mkdtemp(prefix="metagraph-cache-")
+                atexit.register(shutil.rmtree, fallback, ignore_errors=True)
+                _prepare(fallback)
+                warnings.warn(f"metagraph: the kernel cache directory {directory} cannot be written "
+                              f"({error.strerror or error}); compiled kernels go to {fallback} for "
+                              "this process and are not kept")
+                _usable[directory] = fallback
+        return _usable[directory]
+
+
+def _sweep_once(directory):
+    """Remove the temporary files that killed processes left, the first time this process writes."""
+    with _lock:
+        if directory in _swept:
+            return
+        _swept.add(directory)
+    oldest = time.time() - STALE_SECONDS
+    for folder in (directory, os.path.join(directory, "index"), os.path.join(directory, "tuning")):
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.name.startswith(TEMPORARY_PREFIX) and entry.stat().st_mtime < oldest:
+                    os.unlink(entry.path)
+            except OSError:
+                pass        # another process removed it first, or it is not ours to remove
+
+
 class KernelCache:
     """Maps kernel keys to shared objects on disk."""
 
     def __init__(self, directory, identity, source_suffix=".c", binary_suffix=".so"):
-        self.directory = directory
+        self.directory = usable_directory(directory)
         self.identity = identity
         self.source_suffix, self.binary_suffix = source_suffix, binary_suffix
-        os.makedirs(os.path.join(directory, "index"), exist_ok=True)
-        os.makedirs(os.path.join(directory, "tuning"), exist_ok=True)
 
     def key(self, kernel_source):
         return hashlib.sha256(f"{CACHE_VERSION}\n{self.identity}\n{kernel_source}".encode()).hexdigest()
@@ -74,6 +136,7 @@ class KernelCache:
             return None
 
     def remember(self, name, text):
+        _sweep_once(self.directory)
         write_atomic(self._tuning_path(name), text)
 
     def _tuning_path(self, name):
@@ -81,11 +144,13 @@ class KernelCache:
 
     def build(self, source, keys, compile_shared):
         """Compile `source` once into a shared object and index it under every key."""
+        _sweep_once(self.directory)
         batch = "batch-" + hashlib.sha256(f"{self.identity}\n{source}".encode()).hexdigest()[:16]
         source_path = os.path.join(self.directory, batch + self.source_suffix)
         object_path = os.path.join(self.directory, batch + self.binary_suffix)
         write_atomic(source_path, source)
-        fd, temporary = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=self.binary_suffix)
+        fd, temporary = tempfile.mkstemp(dir=self.directory, prefix=TEMPORARY_PREFIX,
+                                         suffix=self.binary_suffix)
         os.close(fd)
         try:
             compile_shared(source_path, temporary)

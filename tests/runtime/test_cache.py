@@ -1,5 +1,5 @@
-"""The disk cache: a second process compiles nothing; a killed compile or a corrupt entry
-leaves a cache that still works; compile errors say where to look."""
+"""The disk cache: a second process compiles nothing; a killed compile, a corrupt or stale entry
+or an unwritable directory leaves a cache that still works; compile errors say where to look."""
 
 import os
 import re
@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import pytest
 
@@ -170,3 +171,76 @@ def test_debug_prints_kernels_and_source(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "metagraph: compiled" in result.stderr and re.search(r"void @?r_", result.stderr)
     assert "metagraph: r_" in result.stderr  # one line per launch
+
+
+def test_unwritable_cache_directory_falls_back_to_a_temporary_one(tmp_path, monkeypatch):
+    needs("c")
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    wanted = str(blocked / "cache")     # nobody can create it, root included (chmod would not stop root)
+    monkeypatch.setattr(mg.flags, "CACHE_DIR", wanted)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first, second = c.CBackend(), c.CBackend()
+    used = first.cache.directory
+    assert used != wanted and second.cache.directory == used and os.path.isdir(used)
+    assert [str(w.message).count(wanted) + str(w.message).count(used) for w in caught] == [2], caught
+    monkeypatch.setattr(mg.backend, "_active", first)
+    assert (mg.tensor([1.0, 2.0]) * 3.0 + 1.0).tolist() == [4.0, 7.0]
+    assert any(name.endswith(".so") for name in os.listdir(used))
+
+
+def _indexed(backend, compute):
+    """The index keys that computing `compute()` on `backend` adds."""
+    before = set(backend.functions)
+    compute()
+    return set(backend.functions) - before
+
+
+@pytest.mark.parametrize("backend", ["c", "llvm", "bang"])
+def test_entry_whose_binary_lacks_the_kernel_is_rebuilt(tmp_path, monkeypatch, backend):
+    needs(backend)
+    monkeypatch.setattr(mg.flags, "CACHE_DIR", str(tmp_path))
+    kind = type(mg.backend._instance(backend))
+    monkeypatch.setattr(mg.backend, "_active", kind())      # its kernels stay with this test
+    x = mg.tensor([1.0, 2.0, 3.0])
+    stale = _indexed(mg.backend._active, lambda: (x * 5.0 - 1.0).numpy())
+    foreign = _indexed(mg.backend._active, lambda: (x.exp() * x).sum().numpy())
+    foreign_entry = (tmp_path / "index" / sorted(foreign)[0]).read_text()
+    for key in stale:    # a sound binary (its hash matches) that holds some other kernel
+        (tmp_path / "index" / key).write_text(foreign_entry)
+    monkeypatch.setattr(mg.backend, "_active", kind())
+    with mg.profile() as prof:
+        assert (x * 5.0 - 1.0).tolist() == [4.0, 9.0, 14.0]
+    assert prof.compiles == len(stale) and prof.cache_hits == 0
+    monkeypatch.setattr(mg.backend, "_active", kind())
+    with mg.profile() as prof:
+        assert (x * 5.0 - 1.0).tolist() == [4.0, 9.0, 14.0]
+    assert prof.compiles == 0 and prof.cache_hits == len(stale)     # the entry was rewritten
+
+
+def test_old_temporary_files_are_swept_once_at_the_first_write(tmp_path):
+    cache = KernelCache(str(tmp_path), "identity")
+    old = [tmp_path / ".tmp-killed.so", tmp_path / "index" / ".tmp-abc", tmp_path / "tuning" / ".tmp-d"]
+    recent = tmp_path / ".tmp-compiling.so"       # a live compile's, in another process
+    hours_ago = time.time() - 2 * 3600
+    for path in old + [recent]:
+        path.write_bytes(b"partial")
+    for path in old:
+        os.utime(path, (hours_ago, hours_ago))
+    assert all(path.exists() for path in old)      # opening the cache scans nothing
+    cache.remember("kernel", "tile 4")
+    assert not any(path.exists() for path in old) and recent.exists()
+    later = tmp_path / ".tmp-later"
+    later.write_bytes(b"partial")
+    os.utime(later, (hours_ago, hours_ago))
+    cache.remember("other", "tile 8")
+    assert later.exists()           # scanned once per process, not at every write
+
+
+def test_the_suite_keeps_its_kernels_out_of_the_users_cache():
+    needs("c")
+    users = os.path.realpath(os.path.join(os.path.expanduser("~"), ".cache", "metagraph"))
+    used = os.path.realpath(mg.backend._instance("c").cache.directory)
+    assert os.path.commonpath([users, used]) != users, used
+    assert os.path.realpath(os.environ["METAGRAPH_CACHE_DIR"]) == used     # subprocesses inherit it
