@@ -4,7 +4,8 @@ METAGRAPH_BACKEND      backend to start with: c (the default when a C compiler w
                        default without one), bang (BANG-style kernels run on the CPU) or numpy
 METAGRAPH_DEBUG        1: a line per kernel launch and compile; 2: also the generated source;
                        3: also the fused graph of every new schedule
-METAGRAPH_CACHE_DIR    where compiled kernels are kept (default ~/.cache/metagraph)
+METAGRAPH_CACHE_DIR    where compiled kernels are kept (default ~/.cache/metagraph; one that cannot be
+                       written falls back to a temporary directory, with a warning)
 METAGRAPH_NUM_THREADS  OpenMP threads per kernel (default: the CPUs this process may run on: its
                        affinity mask, capped by a cgroup CPU quota)
 METAGRAPH_CHECK        1: run the numpy oracle beside every kernel and raise on the first mismatch
