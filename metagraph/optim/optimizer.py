@@ -35,9 +35,10 @@ class Optimizer:
             raise ArgumentError(f"{type(self).__name__}: invalid learning rate {group['lr']}")
 
     def zero_grad(self, set_to_none=True):
+        """Forget every parameter's gradient (set_to_none=False: make it zeros instead, as PyTorch)."""
         for group in self.param_groups:
             for p in group["params"]:
-                p.grad = None
+                p.grad = None if set_to_none or p.grad is None else creation.zeros_like(p.grad)
 
     def step(self, loss=None):
         """Update every parameter from its .grad; with `loss` (Jittor's habit) compute the grads first."""
@@ -59,6 +60,9 @@ class Optimizer:
 
     @staticmethod
     def _scalar(value, like):
+        """A hyperparameter as a 0-d tensor, not a constant of the graph: a schedule that changes it
+        (lr, momentum, betas under OneCycleLR) then reuses the step's kernels instead of compiling
+        new ones every step."""
         return creation.tensor(value, dtype=like.dtype)
 
     def state_dict(self):
@@ -100,9 +104,9 @@ class SGD(Optimizer):
                 state["momentum_buffer"] = g.detach()
             else:
                 buf = state["momentum_buffer"]
-                buf.assign(buf * group["momentum"] + g * (1 - group["dampening"]))
+                buf.assign(buf * self._scalar(group["momentum"], p) + g * (1 - group["dampening"]))
             buf = state["momentum_buffer"]
-            g = g + buf * group["momentum"] if group["nesterov"] else buf
+            g = g + buf * self._scalar(group["momentum"], p) if group["nesterov"] else buf
         p -= g * self._scalar(group["lr"], p)
 
 
@@ -126,7 +130,7 @@ class Adam(Optimizer):
                 state["max_exp_avg_sq"] = creation.zeros_like(p)
         state["step"] += 1
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        m.assign(m * beta1 + g * (1 - beta1))
+        m.assign(m * self._scalar(beta1, p) + g * self._scalar(1 - beta1, p))
         v.assign(v * beta2 + g * g * (1 - beta2))
         second = v
         if group["amsgrad"]:
@@ -167,7 +171,7 @@ class RMSprop(Optimizer):
         lr = self._scalar(group["lr"], p)
         if group["momentum"]:
             buf = state["momentum_buffer"]
-            buf.assign(buf * group["momentum"] + g / denominator)
+            buf.assign(buf * self._scalar(group["momentum"], p) + g / denominator)
             p -= buf * lr
         else:
             p -= g / denominator * lr

@@ -87,6 +87,34 @@ def test_changing_learning_rate_recompiles_nothing():
     assert prof.compiles == 0
 
 
+@pytest.mark.parametrize("make, key", [(lambda w: optim.SGD([w], lr=0.1, momentum=0.9), "momentum"),
+                                       (lambda w: optim.SGD([w], lr=0.1, momentum=0.9, nesterov=True),
+                                        "momentum"),
+                                       (lambda w: optim.RMSprop([w], lr=0.1, momentum=0.9), "momentum"),
+                                       (lambda w: optim.Adam([w], lr=0.1), "betas")])
+def test_changing_momentum_or_betas_recompiles_nothing(make, key):
+    """OneCycleLR cycles momentum (betas[0] for Adam) every step: no new kernel each time."""
+    w = nn.Parameter(mg.tensor([1.0, 2.0]))
+    opt = make(w)
+    for step in range(5):
+        with mg.profile() as prof:
+            opt.step((w * w).sum())
+        if step >= 2:
+            assert prof.compiles == 0
+        group = opt.param_groups[0]
+        group[key] = (0.5 + 0.1 * step, 0.999) if key == "betas" else 0.5 + 0.1 * step
+
+
+def test_zero_grad_without_set_to_none_gives_zeros():
+    w = nn.Parameter(mg.tensor([1.0, 2.0]))
+    opt = optim.SGD([w], lr=0.1)
+    (w * w).sum().backward()
+    opt.zero_grad(set_to_none=False)
+    assert w.grad.tolist() == [0.0, 0.0]
+    opt.zero_grad()
+    assert w.grad is None
+
+
 def test_schedules():
     def lrs(make, count=6):
         opt = optim.SGD([nn.Parameter(mg.zeros(1))], lr=1.0)
