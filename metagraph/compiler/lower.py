@@ -66,10 +66,10 @@ class Target:
 
 
 class _Refuse(Exception):
-    """A fusion that turned out not to apply; the caller materialises `position` instead."""
+    """A fusion that turned out not to apply; the caller materialises `positions` instead."""
 
-    def __init__(self, position):
-        self.position = position
+    def __init__(self, *positions):
+        self.positions = positions
 
 
 def schedule(graph, target=Target(), library=False, tuned=None):
@@ -82,7 +82,8 @@ def schedule(graph, target=Target(), library=False, tuned=None):
             steps = _steps(graph, chosen, unfusable, target, library)
             break
         except _Refuse as refused:
-            (unfusable if refused.position in chosen else chosen).add(refused.position)
+            for position in refused.positions:
+                (unfusable if position in chosen else chosen).add(position)
     choices = [tuned(step.name) if tuned else None for step in steps]
     return [step if choice in (None, target) else relower(graph, step, choice)
             for step, choice in zip(steps, choices)]
@@ -126,8 +127,8 @@ def _steps(graph, chosen, unfusable, target, library):
             steps.append(Step(None, [k] + operands, [], spec))
             continue
         epilogue_reduce = [r for r, reader in fused.items() if reader == k]
-        if len(epilogue_reduce) > 1:          # at most one reduction per kernel
-            raise _Refuse(epilogue_reduce[1])
+        if len(epilogue_reduce) > 1:          # at most one reduction per kernel: refuse the rest at
+            raise _Refuse(*epilogue_reduce[1:])   # once (one restart each made a sum of n norms n^2)
         prologues = frozenset(r for r, root in prologue.items() if root == k)
         step = _Lowering(graph, frozen, k, epilogue_reduce, target, prologues).kernel()
         step.lowering = (k, tuple(epilogue_reduce), prologues, frozen)
