@@ -13,6 +13,7 @@ from metagraph.errors import (ArgumentError, DTypeError, ExprError, IndexOutOfRa
                               ShapeError)
 from metagraph.grad import enable_grad, grad, no_grad, set_grad_enabled
 from metagraph.ops import index as _ix, linalg as _linalg, math as _m, movement as _mv
+from metagraph.ops import einsum as _einsum
 from metagraph.ops import reduce as _rd
 from metagraph import backend, flags
 from metagraph.random import Generator, manual_seed
@@ -69,6 +70,7 @@ index_select, index_add = _lift(_ix.index_select), _lift(_ix.index_add)
 cumsum, masked_fill = _lift(_ix.cumsum), _lift(_ix.masked_fill)
 reindex, reindex_reduce = _lift(_ix.reindex), _lift(_ix.reindex_reduce)
 matmul = mm = bmm = _lift(_linalg.matmul)
+einsum = _lift(_einsum.einsum)
 
 
 def one_hot(x, num_classes=-1):
@@ -76,4 +78,4 @@ def one_hot(x, num_classes=-1):
     return Tensor(_ix.one_hot(x.node, num_classes, _realize))
 
 
-from metagraph import data, datasets, models, nn, optim  # noqa: E402  (these build on everything above)
+from metagraph import data, datasets, models, nn, optim, utils  # noqa: E402  (they build on all above)

@@ -5,8 +5,10 @@ import sys
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
-class MetagraphError(Exception):
-    """Base class of every error metagraph raises on purpose."""
+class MetagraphError(RuntimeError):
+    """Base class of every error metagraph raises on purpose. A RuntimeError, as PyTorch's errors
+    are: code ported from PyTorch catches RuntimeError for shape and index errors. Each subclass
+    is also the standard class a Python caller would catch (ValueError, IndexError, ...)."""
 
 
 class ShapeError(MetagraphError, ValueError):
@@ -27,6 +29,14 @@ class ExprError(MetagraphError, ValueError):
 
 class IndexOutOfRange(MetagraphError, IndexError):
     """An index outside a tensor's bounds."""
+
+
+class OutOfMemory(MetagraphError, MemoryError):
+    """A buffer larger than the memory that can be allocated."""
+
+
+class Unsupported(MetagraphError, NotImplementedError):
+    """A mode or feature PyTorch has and metagraph does not implement."""
 
 
 def user_location(first=2):

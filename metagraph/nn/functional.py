@@ -1,6 +1,6 @@
 """PyTorch's torch.nn.functional, on metagraph Tensors (each a composition of meta-ops)."""
 from metagraph import creation
-from metagraph.ops import conv, loss as ls, math as m, movement as mv
+from metagraph.ops import attention as at, conv, loss as ls, math as m, movement as mv
 from metagraph.tensor import Tensor, lift
 
 relu, gelu, silu, softplus = lift(m.relu), lift(m.gelu), lift(m.silu), lift(m.softplus)
@@ -25,6 +25,19 @@ def relu6(x):
 
 def leaky_relu(x, negative_slope=0.01):
     return Tensor(m.where(m.lt(0, x.node), x.node, x.node * negative_slope))
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, enable_gqa=False):
+    """softmax(query @ key^T * scale + mask) @ value, as PyTorch's (ops/attention.py); dropout
+    of the weights (fresh randomness per call) only when dropout_p > 0."""
+    mask = attn_mask.node if attn_mask is not None else None
+    uniform = None
+    if dropout_p > 0:
+        shape = at.weights_shape(query.node, key.node, mask, enable_gqa)
+        uniform = creation.rand(shape, dtype=query.dtype).node
+    return Tensor(at.scaled_dot_product_attention(query.node, key.node, value.node, mask, dropout_p,
+                                                  is_causal, scale, enable_gqa, uniform))
 
 
 def dropout(x, p=0.5, training=True):

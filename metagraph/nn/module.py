@@ -1,11 +1,16 @@
-"""Module and Parameter, as in PyTorch: attributes register parameters, buffers and children."""
+"""Module and Parameter, as in PyTorch: attributes register parameters, buffers and children;
+forward hooks see (and may replace) a call's arguments and result."""
+import copy
+import warnings
+import weakref
 from collections import OrderedDict
 
 import numpy as np
 
 from metagraph import backend, dtypes
 from metagraph.creation import tensor as as_tensor
-from metagraph.errors import MetagraphError, ShapeError
+from metagraph.errors import MetagraphError, ShapeError, Unsupported
+from metagraph.grad import no_grad
 from metagraph.tensor import Tensor
 
 
@@ -33,6 +38,34 @@ class Parameter(Tensor):
         return "Parameter containing:\n" + super().__repr__()
 
 
+class RemovableHandle:
+    """What a register_*_hook returns: remove() unregisters the hook, as does leaving a `with` block.
+    It holds the hook tables weakly, so a kept handle does not keep a deleted module's hooks alive."""
+    next_id = 0
+
+    def __init__(self, hooks, extra=()):
+        self.hooks_dict_ref = weakref.ref(hooks)
+        self.extra_dict_ref = tuple(weakref.ref(table) for table in extra)
+        self.id = RemovableHandle.next_id
+        RemovableHandle.next_id += 1
+
+    def remove(self):
+        for ref in (self.hooks_dict_ref, *self.extra_dict_ref):
+            table = ref()
+            if table is not None:
+                table.pop(self.id, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exception):
+        self.remove()
+
+
+_HOOK_TABLES = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+                "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+
+
 class Module:
     """Base class of every layer and model: override forward()."""
     training = True
@@ -42,6 +75,8 @@ class Module:
         object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "training", True)
+        for table in _HOOK_TABLES:      # PyTorch's names: scripts clear them to drop every hook
+            object.__setattr__(self, table, OrderedDict())
 
     # ---- registration ------------------------------------------------------------------------
     def __setattr__(self, name, value):
@@ -73,11 +108,23 @@ class Module:
         object.__delattr__(self, name)
 
     def register_buffer(self, name, tensor, persistent=True):
-        """A tensor that is state but not trained (BatchNorm's running statistics)."""
-        names = self.__dict__.setdefault("_buffer_names", set())
-        names.add(name)
-        if not persistent:
-            self.__dict__.setdefault("_non_persistent", set()).add(name)
+        """A tensor that is state but not trained (BatchNorm's running statistics), or None; a buffer
+        that is not persistent stays out of state_dict()."""
+        if not isinstance(name, str):
+            raise TypeError(f"register_buffer: the buffer name should be a string, got {type(name).__name__}")
+        if "." in name or not name:
+            raise KeyError(f"register_buffer: the buffer name {name!r} is empty or contains '.'")
+        if hasattr(self, name) and name not in self._buffers:
+            raise KeyError(f"register_buffer: attribute {name!r} already exists")
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise TypeError(f"register_buffer: cannot assign a {type(tensor).__name__} to buffer {name!r} "
+                            "(a Tensor or None is required)")
+        self.__dict__.setdefault("_buffer_names", set()).add(name)
+        non_persistent = self.__dict__.setdefault("_non_persistent", set())
+        if persistent:
+            non_persistent.discard(name)
+        else:
+            non_persistent.add(name)
         self._buffers[name] = tensor
 
     def register_parameter(self, name, parameter):
@@ -95,26 +142,117 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} has no forward()")
 
     def __call__(self, *args, **kwargs):
+        if self._forward_pre_hooks or self._forward_hooks:
+            return self._call_with_hooks(args, kwargs)
         return self.forward(*args, **kwargs)
 
+    def _call_with_hooks(self, args, kwargs):
+        """PyTorch's order: pre-hooks may replace the arguments, then forward, then forward hooks may
+        replace the result. If anything raises, the always_call hooks not yet run are run (their own
+        errors become warnings) and the error propagates. A hook removed by another still runs in this
+        call, as in PyTorch (each table is read once)."""
+        result, called = None, set()
+        try:
+            for hook_id, hook in tuple(self._forward_pre_hooks.items()):
+                if hook_id in self._forward_pre_hooks_with_kwargs:
+                    replaced = hook(self, args, kwargs)
+                    if replaced is not None:
+                        if not (isinstance(replaced, tuple) and len(replaced) == 2):
+                            raise MetagraphError(f"{type(self).__name__}: a forward pre-hook with kwargs "
+                                                 "must return None or a tuple (args, kwargs), got "
+                                                 f"{replaced!r}")
+                        args, kwargs = replaced
+                else:
+                    replaced = hook(self, args)
+                    if replaced is not None:
+                        args = replaced if isinstance(replaced, tuple) else (replaced,)
+            result = self.forward(*args, **kwargs)
+            for hook_id, hook in tuple(self._forward_hooks.items()):
+                if hook_id in self._forward_hooks_always_called:
+                    called.add(hook_id)
+                replaced = self._run_forward_hook(hook_id, hook, args, kwargs, result)
+                if replaced is not None:
+                    result = replaced
+            return result
+        except Exception:
+            for hook_id, hook in tuple(self._forward_hooks.items()):
+                if hook_id in self._forward_hooks_always_called and hook_id not in called:
+                    try:
+                        self._run_forward_hook(hook_id, hook, args, kwargs, result)
+                    except Exception as error:
+                        warnings.warn("module forward hook with always_call=True raised an exception that "
+                                      f"was silenced as another error was raised in forward: {error}",
+                                      stacklevel=3)
+            raise
+
+    def _run_forward_hook(self, hook_id, hook, args, kwargs, result):
+        if hook_id in self._forward_hooks_with_kwargs:
+            return hook(self, args, kwargs, result)
+        return hook(self, args, result)
+
+    # ---- hooks ---------------------------------------------------------------------------------
+    @staticmethod
+    def _add_hook(hooks, hook, prepend, flags):
+        """Register `hook` in `hooks` (first if prepend), marked in each table of `flags` whose value
+        is true; the handle removes it from all of them."""
+        handle = RemovableHandle(hooks, [table for table, _ in flags])
+        hooks[handle.id] = hook
+        for table, flag in flags:
+            if flag:
+                table[handle.id] = True
+        if prepend:
+            hooks.move_to_end(handle.id, last=False)
+        return handle
+
+    def register_forward_pre_hook(self, hook, *, prepend=False, with_kwargs=False):
+        """Call hook(module, args) before forward (hook(module, args, kwargs) with_kwargs); a result that
+        is not None replaces the arguments: a tuple, a single value (wrapped in one), or with_kwargs an
+        (args, kwargs) pair. Returns a handle whose remove() unregisters the hook."""
+        return self._add_hook(self._forward_pre_hooks, hook, prepend,
+                              [(self._forward_pre_hooks_with_kwargs, with_kwargs)])
+
+    def register_forward_hook(self, hook, *, prepend=False, with_kwargs=False, always_call=False):
+        """Call hook(module, args, output) after forward (hook(module, args, kwargs, output) with_kwargs);
+        a result that is not None replaces the output. always_call: run it even when forward raises.
+        Returns a handle whose remove() unregisters the hook."""
+        return self._add_hook(self._forward_hooks, hook, prepend,
+                              [(self._forward_hooks_with_kwargs, with_kwargs),
+                               (self._forward_hooks_always_called, always_call)])
+
+    def register_full_backward_hook(self, hook, prepend=False):
+        """Not supported yet: it needs gradient hooks in the autograd engine."""
+        raise Unsupported(f"{type(self).__name__}.register_full_backward_hook: metagraph's autograd has no "
+                          "gradient hooks yet; use a forward hook, or mg.grad on the module's output")
+
+    def register_full_backward_pre_hook(self, hook, prepend=False):
+        """Not supported yet: it needs gradient hooks in the autograd engine."""
+        raise Unsupported(f"{type(self).__name__}.register_full_backward_pre_hook: metagraph's autograd has "
+                          "no gradient hooks yet; use a forward hook, or mg.grad on the module's output")
+
     # ---- traversal ---------------------------------------------------------------------------
-    def named_modules(self, prefix="", memo=None):
+    def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+        """(dotted name, module) for this module and every descendant, each once unless
+        remove_duplicate=False."""
         memo = set() if memo is None else memo
         if id(self) in memo:
             return
-        memo.add(id(self))
+        if remove_duplicate:
+            memo.add(id(self))
         yield prefix, self
         for name, child in self._modules.items():
             if child is not None:
-                yield from child.named_modules(f"{prefix}.{name}" if prefix else name, memo)
+                yield from child.named_modules(memo, f"{prefix}.{name}" if prefix else name, remove_duplicate)
 
     def modules(self):
         for _, module in self.named_modules():
             yield module
 
     def named_children(self):
+        """(name, module) for each direct child, a child registered under two names once."""
+        seen = set()
         for name, child in self._modules.items():
-            if child is not None:
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
                 yield name, child
 
     def children(self):
@@ -123,7 +261,7 @@ class Module:
 
     def named_parameters(self, prefix="", recurse=True):
         seen = set()
-        modules = self.named_modules(prefix) if recurse else [(prefix, self)]
+        modules = self.named_modules(prefix=prefix) if recurse else [(prefix, self)]
         for module_prefix, module in modules:
             for name, parameter in module._parameters.items():
                 if parameter is not None and id(parameter) not in seen:
@@ -135,7 +273,7 @@ class Module:
             yield parameter
 
     def named_buffers(self, prefix="", recurse=True):
-        modules = self.named_modules(prefix) if recurse else [(prefix, self)]
+        modules = self.named_modules(prefix=prefix) if recurse else [(prefix, self)]
         for module_prefix, module in modules:
             for name, buffer in module._buffers.items():
                 if buffer is not None:
@@ -161,8 +299,15 @@ class Module:
         return self.train(False)
 
     def zero_grad(self, set_to_none=True):
+        """Drop every parameter's gradient, or with set_to_none=False set it to zeros in place."""
         for parameter in self.parameters():
-            parameter.grad = None
+            if parameter.grad is None:
+                continue
+            if set_to_none:
+                parameter.grad = None
+            else:
+                with no_grad():
+                    parameter.grad.zero_()
 
     def requires_grad_(self, requires_grad=True):
         for parameter in self.parameters():
@@ -194,7 +339,7 @@ class Module:
     def state_dict(self, prefix=""):
         """Parameters and persistent buffers by dotted name, in registration order (as PyTorch)."""
         state = OrderedDict()
-        for module_prefix, module in self.named_modules(prefix):
+        for module_prefix, module in self.named_modules(prefix=prefix):
             skip = module.__dict__.get("_non_persistent", set())
             for table in (module._parameters, module._buffers):
                 for name, tensor in table.items():
@@ -227,6 +372,22 @@ class Module:
             from metagraph.creation import from_numpy_array
             target.assign(from_numpy_array(array, target.dtype))
         return missing, unexpected
+
+    def __deepcopy__(self, memo):
+        """A copy whose parameters and buffers are new tensors holding copies of the values (as
+        PyTorch's; TransformerEncoder clones its layer so). Tensors are not copied field by field: a
+        copied graph node would keep its id, by which autograd and the backends tell nodes apart,
+        and a copied dtype would not be the dtype (dtypes compare by identity)."""
+        for tensor in list(self.parameters()) + list(self.buffers()):
+            if id(tensor) not in memo:
+                value = as_tensor(tensor.numpy(), dtype=tensor.dtype)
+                memo[id(tensor)] = Parameter(value, tensor.requires_grad) if isinstance(tensor, Parameter) \
+                    else value
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        for name, value in self.__dict__.items():
+            object.__setattr__(clone, name, copy.deepcopy(value, memo))
+        return clone
 
     # ---- printing -----------------------------------------------------------------------------
     def extra_repr(self):
