@@ -34,14 +34,81 @@ def tensor(data, dtype=None, requires_grad=False):
     elif isinstance(data, np.ndarray):
         array = data
     else:
-        array = np.array(data)
-        if array.dtype == np.float64 and dtype is None:
-            array = array.astype(dtypes.default_float.np)   # Python floats default to float32
-        elif array.dtype.kind == "O" or array.dtype.kind in "USV":
-            raise DTypeError(f"tensor(): cannot make a tensor from {type(data).__name__} data")
+        array = _from_data(data, dtypes.as_dtype(dtype))
     if array.dtype.kind not in "biuf":
         raise DTypeError(f"tensor(): unsupported element type {array.dtype}")
     return from_numpy_array(array, dtype, requires_grad)
+
+
+def _from_data(data, dtype):
+    """Nested lists or a scalar as a numpy array, read as PyTorch reads them: Python floats give
+    float32 (without dtype=), Python ints int64, and a value outside the range of the integer
+    dtype it becomes is an error, not a wrapped or rounded number."""
+    try:
+        array = np.array(data, dtype=np.float64 if dtype is not None and dtype.is_float else None)
+    except (ValueError, TypeError) as error:
+        ragged = _ragged(data)
+        if ragged is not None:
+            fail(ShapeError, "tensor", f"the data is ragged: {ragged}")
+        fail(DTypeError, "tensor", f"cannot make a tensor from {type(data).__name__} data: {error}")
+    if array.dtype.kind == "O" or array.dtype == np.uint64:     # Python ints beyond int64
+        numbers = _flattened(data)
+        if any(isinstance(v, float) for v in numbers):          # a float makes it all float
+            array = np.array(data, dtype=np.float64)
+        elif all(isinstance(v, int) for v in numbers):
+            _check_range(np.array(numbers, dtype=object), _int_dtype(dtype))
+    if array.dtype.kind in "OUSV":
+        fail(DTypeError, "tensor", f"cannot make a tensor from {type(data).__name__} data holding "
+                                   f"{array.dtype.name} values")
+    if dtype is None and array.dtype == np.float64:
+        return array.astype(dtypes.default_float.np)
+    if dtype is not None and dtype.is_int:
+        _check_range(array, dtype)
+    return array
+
+
+def _int_dtype(dtype):
+    return dtype if dtype is not None and dtype.is_int else dtypes.int64
+
+
+def _check_range(values, dtype):
+    """Fail for the first of an array's values outside an integer dtype's range. As PyTorch, an
+    unsigned dtype takes negative values down to -max (they wrap)."""
+    info = np.iinfo(dtype.np)
+    low = -int(info.max) if dtype.kind == "u" else int(info.min)
+    outside = ~((values >= low) & (values <= int(info.max)))     # NaN is outside too
+    if outside.any():
+        fail(ArgumentError, "tensor", f"value {values[outside].flat[0]} is outside the range of "
+                                      f"{dtype.name} [{low}, {info.max}]")
+
+
+def _flattened(data):
+    """The numbers of nested lists, in order (iteratively: data may be deep)."""
+    stack, out = [data], []
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+        else:
+            out.append(item)
+    return out
+
+
+def _ragged(data):
+    """Where nested sequences stop being rectangular, as a message, or None."""
+    level, dim = [data], 0
+    while True:
+        sequences = [isinstance(v, (list, tuple)) or isinstance(v, np.ndarray) and v.ndim > 0
+                     for v in level]
+        if not any(sequences):
+            return None
+        if not all(sequences):
+            return f"the entries along dimension {dim - 1} mix sequences and numbers"
+        lengths = [len(v) for v in level]
+        if len(set(lengths)) > 1:
+            odd = next(n for n in lengths if n != lengths[0])
+            return f"expected sequences of length {lengths[0]} at dimension {dim}, got one of length {odd}"
+        level, dim = [item for v in level for item in v], dim + 1
 
 
 def full(size, fill_value, dtype=None, requires_grad=False):
@@ -98,8 +165,9 @@ def linspace(start, end, steps, dtype=None, requires_grad=False):
         fail(ArgumentError, "linspace", f"number of steps must be non-negative, got {steps}")
     step = (end - start) / (steps - 1) if steps > 1 else 0.0
     i = m.cast(apply("index", shape=(steps,), axis=0, dtype=dtypes.int64), dtypes.float64)
-    # symmetric, as PyTorch: the second half counts back from the end
-    values = m.where(m.lt(i, steps // 2), i * step + float(start), (i - (steps - 1)) * step + float(end))
+    # symmetric, as PyTorch: the second half counts back from the end (one step is `start`)
+    half = max(steps // 2, 1)
+    values = m.where(m.lt(i, half), i * step + float(start), (i - (steps - 1)) * step + float(end))
     result = Tensor(m.cast(values, dtype))
     return result.requires_grad_() if requires_grad else result
 

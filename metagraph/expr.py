@@ -203,20 +203,155 @@ _EXTRA_CALL = re.compile(r"@e(\d+)\s*\(")
 _EXTRA_NAME = re.compile(r"__extra(\d+)\Z")
 
 
+INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
+
+
+def check_int64(expr, extents):
+    """Raise ExprError where some subexpression of `expr` can leave int64 while loop variable k
+    runs over [0, extents[k]): kernels compute index arithmetic in int64, so such an index would
+    wrap silently. A value read from an extra tensor is any int64 and proves nothing; arithmetic
+    on it is left to the kernel's bounds check. Iterative: expressions may be long chains."""
+    ranges, stack = {}, [(expr, False)]
+    while stack:
+        e, ready = stack.pop()
+        if id(e) in ranges:
+            continue
+        parts = _parts(e)
+        if not ready and parts:
+            stack.append((e, True))
+            stack.extend((p, False) for p in parts)
+            continue
+        found = _range(e, [ranges[id(p)] for p in parts], extents)
+        if found is not None and (found[0] < INT64_MIN or found[1] > INT64_MAX):
+            what = f"the constant {e.value} is" if isinstance(e, Const) else \
+                f"{_short(e)} reaches {found[0] if found[0] < INT64_MIN else found[1]}, which is"
+            raise ExprError(f"index expression {_short(expr)}: {what} outside int64 (loop extents "
+                            f"{tuple(extents)})")
+        ranges[id(e)] = found
+
+
+def _short(expr, limit=120):
+    text = str(expr) if _size_below(expr, limit) else "<a long expression>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _size_below(expr, limit):
+    stack, count = [expr], 0
+    while stack and count < limit:
+        count += 1
+        stack.extend(_parts(stack.pop()))
+    return not stack
+
+
+def _parts(e):
+    if isinstance(e, Binary):
+        return (e.a, e.b)
+    if isinstance(e, Select):
+        return (e.cond, e.a, e.b)
+    if isinstance(e, Extra):
+        return tuple(e.args)
+    return ()
+
+
+def _range(e, parts, extents):
+    """(low, high) of e given its parts' ranges (None: unknown)."""
+    if isinstance(e, Const):
+        return e.value, e.value
+    if isinstance(e, Var):
+        return 0, max(extents[e.axis] - 1, 0)
+    if isinstance(e, Extra):
+        return None
+    if isinstance(e, Select) or e.op in ("<", "<=", "==", "!=", "&&", "||"):
+        if isinstance(e, Binary) or None in parts[1:]:
+            return (0, 1) if isinstance(e, Binary) else None
+        return min(parts[1][0], parts[2][0]), max(parts[1][1], parts[2][1])
+    if None in parts:
+        return None
+    (la, ha), (lb, hb) = parts
+    if e.op == "+":
+        return la + lb, ha + hb
+    if e.op == "-":
+        return la - hb, ha - lb
+    if e.op == "*":
+        products = (la * lb, la * hb, ha * lb, ha * hb)
+        return min(products), max(products)
+    if e.op in ("min", "max"):
+        pick = min if e.op == "min" else max
+        return pick(la, lb), pick(ha, hb)
+    largest = max(abs(la), abs(ha)) if e.op == "//" else max(abs(lb), abs(hb))
+    return -largest, largest          # // never grows |a|; % stays below |b|
+
+
+# A user's index expression is bounded: every pass over an expression (parsing, simplification,
+# lowering, rendering) recurses along its nesting, and the compiled backends' passes reach Python's
+# recursion limit at 400-600 levels.
+MAX_DEPTH = 200         # nesting levels
+MAX_NODES = 10_000      # nodes, a subexpression counted each time it is read (tokens, in a string)
+_TOKEN = re.compile(r"\w+|\S")
+
+
 def parse(text, num_vars, num_extras=0):
-    """Parse an index expression string over i0..i<num_vars-1> into an Expr."""
+    """Parse an index expression string over i0..i<num_vars-1> into an Expr (an Expr given is
+    checked against the size limits and returned)."""
     if isinstance(text, Expr):
+        check_size(text)
         return text
     if isinstance(text, int) and not isinstance(text, bool):
         return Const(text)
     if not isinstance(text, str):
         raise ExprError(f"index expression must be a string or int, got {type(text).__name__}")
     source = _EXTRA_CALL.sub(r"__extra\1(", text).replace("&&", " and ").replace("||", " or ")
+    tokens = len(_TOKEN.findall(source))
+    if tokens > MAX_NODES:
+        raise ExprError(f"index expression {_clipped(text)} has {tokens} tokens, more than the limit "
+                        f"of {MAX_NODES}")
     try:
         tree = ast.parse(source.strip(), mode="eval")
     except SyntaxError as error:
-        raise ExprError(f"index expression {text!r} is not valid syntax: {error.msg}") from None
+        raise ExprError(f"index expression {_clipped(text)} is not valid syntax: {error.msg}") from None
+    except RecursionError:          # Python's own parser recurses along the nesting
+        tree = None
+    if tree is None or _ast_depth(tree.body) > MAX_DEPTH:
+        raise ExprError(f"index expression {_clipped(text)} is nested more than {MAX_DEPTH} levels "
+                        "deep (the limit)")
     return _Parser(text, num_vars, num_extras).visit(tree.body)
+
+
+def check_size(expr):
+    """Raise ExprError for an expression nested more than MAX_DEPTH levels deep or of more than
+    MAX_NODES nodes. Iterative, and linear in the distinct subexpressions."""
+    depth, size, stack = {}, {}, [(expr, False)]
+    while stack:
+        e, ready = stack.pop()
+        if id(e) in depth:
+            continue
+        parts = _parts(e)
+        if not ready and parts:
+            stack.append((e, True))
+            stack.extend((p, False) for p in parts)
+            continue
+        depth[id(e)] = 1 + max((depth[id(p)] for p in parts), default=0)
+        size[id(e)] = 1 + sum(size[id(p)] for p in parts)
+    if depth[id(expr)] > MAX_DEPTH:
+        raise ExprError(f"index expression {_short(expr)} is nested {depth[id(expr)]} levels deep, "
+                        f"more than the limit of {MAX_DEPTH}")
+    if size[id(expr)] > MAX_NODES:
+        raise ExprError(f"index expression {_short(expr)} has {size[id(expr)]} nodes, more than the "
+                        f"limit of {MAX_NODES}")
+
+
+def _ast_depth(tree):
+    deepest, stack = 0, [(tree, 1)]
+    while stack and deepest <= MAX_DEPTH:
+        node, level = stack.pop()
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in ast.iter_child_nodes(node)
+                     if not isinstance(child, ast.expr_context))
+    return deepest
+
+
+def _clipped(text, limit=80):
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "..."
 
 
 class _Parser:

@@ -7,12 +7,14 @@ from metagraph.ops.node import GradMode
 from metagraph.tensor import Tensor, seed_gradient
 
 
-def grad(output, inputs, grad_output=None, create_graph=False):
-    """d(output)/d(input) for each input; an input the output does not depend on gets zeros."""
+def grad(output, inputs, grad_output=None, create_graph=False, retain_graph=None):
+    """d(output)/d(input) for each input; an input the output does not depend on gets zeros.
+    The graph is released unless retain_graph (by default create_graph), as in PyTorch."""
     single = isinstance(inputs, Tensor)
     inputs = [inputs] if single else list(inputs)
     seed = seed_gradient("grad", output, grad_output)
-    grads = autograd.gradients([output.node], [seed], create_graph) if output.requires_grad else {}
+    grads = autograd.gradients([output.node], [seed], create_graph, retain_graph, "grad") \
+        if output.requires_grad else {}
     results = [Tensor(grads[t.node.id]) if t.node.id in grads else
                Tensor(m.const(0, t.shape, t.dtype)) for t in inputs]
     return results[0] if single else results

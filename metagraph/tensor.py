@@ -189,11 +189,14 @@ class Tensor:
         self._replace(detach(value), check_leaf=False, keep_type=False)
 
     def backward(self, gradient=None, retain_graph=None, create_graph=False):
-        """Accumulate d(self)/d(leaf) into `.grad` of every leaf that requires grad."""
+        """Accumulate d(self)/d(leaf) into `.grad` of every leaf that requires grad. The graph is
+        released unless retain_graph (by default create_graph): walking it again raises, as in
+        PyTorch, instead of adding the same gradients twice."""
         if not self.requires_grad:
             raise MetagraphError("backward(): this tensor does not require grad and has no "
                                  "history; call requires_grad_() on its inputs first")
-        grads = autograd.gradients([self.node], [seed_gradient("backward", self, gradient)], create_graph)
+        grads = autograd.gradients([self.node], [seed_gradient("backward", self, gradient)], create_graph,
+                                   retain_graph)
         for leaf in autograd.leaves([self.node]):
             owner = leaf.owner() if leaf.owner is not None else None
             if owner is None or leaf.id not in grads:

@@ -114,3 +114,43 @@ def test_gradient_and_update_nodes_name_the_line_that_built_them():
     assert x.node.location == (__file__, step_line)
     z = x * 3.0; later_line = sys._getframe().f_lineno          # noqa: E702  (its own line again)
     assert z.node.location == (__file__, later_line)
+
+
+def test_backward_twice_is_an_error_unless_the_graph_is_retained():
+    import sys
+    w = mg.tensor([1.0, 2.0], requires_grad=True)
+    loss = (w * w).sum()
+    loss.backward(retain_graph=True)
+    loss.backward()                                  # retained: walked again, gradients add up
+    np.testing.assert_array_equal(w.grad.numpy(), [4, 8])
+    with pytest.raises(RuntimeError, match="second time.*retain_graph=True") as error:
+        line = sys._getframe().f_lineno + 1
+        loss.backward()
+    assert isinstance(error.value, mg.MetagraphError)
+    assert f"test_autograd.py:{line}" in str(error.value)
+    np.testing.assert_array_equal(w.grad.numpy(), [4, 8])     # the refused call added nothing
+
+
+def test_a_graph_shared_by_two_losses_is_released_by_the_first_backward():
+    w = mg.tensor([1.0, 2.0], requires_grad=True)
+    h = w * w
+    (h * 2).sum().backward()
+    with pytest.raises(mg.MetagraphError, match="second time"):
+        (h * 3).sum().backward()
+    h = w * w
+    (h * 2).sum().backward(retain_graph=True)
+    (h * 3).sum().backward()
+    np.testing.assert_array_equal(w.grad.numpy(), [4 + 10, 8 + 20])
+
+
+def test_grad_releases_the_graph_unless_retained_and_create_graph_retains_it():
+    x = mg.tensor([2.0], requires_grad=True)
+    y = (x * x).sum()
+    mg.grad(y, [x], retain_graph=True)
+    mg.grad(y, [x])
+    with pytest.raises(mg.MetagraphError, match="grad: trying to backward through the graph a second"):
+        mg.grad(y, [x])
+    y = (x * x * x).sum()
+    g, = mg.grad(y, [x], create_graph=True)
+    g2, = mg.grad(y, [x])                            # create_graph retained it
+    assert g.item() == g2.item() == 12.0

@@ -1,7 +1,9 @@
 """Index expressions: parsed with ast (never evaluated), printed back, checked."""
 
+import numpy as np
 import pytest
 
+import metagraph as mg
 from metagraph.errors import ExprError
 from metagraph.expr import Binary, Const, Extra, Select, Var, extras_used, parse, variables
 
@@ -54,3 +56,26 @@ def test_variables_and_extras():
 def test_malformed_expressions_are_errors(text, match):
     with pytest.raises(ExprError, match=match):
         parse(text, 3, 1)
+
+
+def test_a_huge_or_deep_index_expression_is_refused_naming_the_limit():
+    x = mg.zeros(3)
+    with pytest.raises(mg.ExprError, match=r"400001 tokens, more than the limit of 10000"):
+        x.reindex([3], ["i0" + "+1" * 200_000])
+    with pytest.raises(mg.ExprError, match=r"nested more than 200 levels deep \(the limit\)"):
+        x.reindex([3], ["i0" + "+1" * 2_000])
+    built = Var(0)
+    for _ in range(200_000):
+        built = built + 1
+    with pytest.raises(mg.ExprError, match=r"nested 200001 levels deep, more than the limit of 200"):
+        x.reindex([3], [built])
+    shared = Var(0)
+    for _ in range(40):          # 40 nodes, read 2^40 times as a tree
+        shared = shared + shared
+    with pytest.raises(mg.ExprError, match=r"nodes, more than the limit of 10000"):
+        x.reindex([3], [shared])
+
+
+def test_an_expression_within_the_limits_still_works():
+    x = mg.arange(10.0)
+    np.testing.assert_array_equal(x.reindex([3], ["i0" + "+1-1" * 60]).numpy(), [0, 1, 2])

@@ -107,3 +107,41 @@ def test_runtime_errors_name_the_line_that_built_the_node():
 def test_unsupported_data_is_refused():
     with pytest.raises(TypeError, match="cannot make a tensor"):
         mg.tensor(["a", "b"])
+
+
+def test_linspace_of_one_step_is_its_start_and_of_zero_steps_empty():
+    assert mg.linspace(5, 10, 1).tolist() == [5.0]
+    assert mg.linspace(5, 10, 0).shape == (0,)
+    assert mg.linspace(5, 10, 2).tolist() == [5.0, 10.0]
+
+
+@pytest.mark.parametrize("data, match", [
+    ([[1, 2], [3]], "ragged: expected sequences of length 2 at dimension 1, got one of length 1"),
+    ([[[1, 2], [3, 4]], [[1, 2], [3]]], "at dimension 2, got one of length 1"),
+    ([[1, 2], 3], "ragged: the entries along dimension 0 mix sequences and numbers"),
+])
+def test_ragged_data_is_refused_naming_the_dimension(data, match):
+    with pytest.raises(mg.ShapeError, match=match):
+        mg.tensor(data)
+
+
+@pytest.mark.parametrize("data, dtype, match", [
+    ([2 ** 64], None, r"value 18446744073709551616 is outside the range of int64"),
+    ([2 ** 63], None, r"value 9223372036854775808 is outside the range of int64"),
+    ([[-2 ** 63 - 1, 0]], None, "outside the range of int64"),
+    ([300], mg.uint8, r"value 300 is outside the range of uint8 \[-255, 255\]"),
+    ([2 ** 31], mg.int32, "outside the range of int32"),
+    ([1e30], mg.int64, "outside the range of int64"),
+    ([2 ** 64], mg.int8, "outside the range of int8"),
+])
+def test_integers_outside_their_dtypes_range_are_refused(data, dtype, match):
+    with pytest.raises(mg.ArgumentError, match=match):
+        mg.tensor(data, dtype=dtype)
+
+
+def test_values_in_range_convert_as_pytorch_converts_them():
+    assert mg.tensor([-2 ** 63, 2 ** 63 - 1]).tolist() == [-2 ** 63, 2 ** 63 - 1]
+    assert mg.tensor([-1], dtype=mg.uint8).tolist() == [255]         # PyTorch wraps down to -255
+    assert mg.tensor([1.5, 2 ** 64]).tolist() == [1.5, float(2 ** 64)]
+    assert mg.tensor([2 ** 64], dtype=mg.float64).tolist() == [float(2 ** 64)]
+    assert mg.tensor([1.7], dtype=mg.int64).tolist() == [1]

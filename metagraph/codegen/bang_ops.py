@@ -9,11 +9,13 @@ NAME = {"bool": "bool", "uint8": "uint8", "int8": "int8", "int16": "int16", "int
         "int64": "int64", "float16": "half", "float32": "float", "float64": "double"}
 # the per-op table of vector intrinsics (operands and result are NRAM buffers of TILE lanes)
 VECTOR = {"add": "__bang_add", "mul": "__bang_mul", "max": "__bang_maxequal", "and": "__bang_band",
-          "or": "__bang_bor", "xor": "__bang_bxor", "cmplt": "__bang_lt", "cmpne": "__bang_ne"}
+          "or": "__bang_bor", "xor": "__bang_bxor", "cmplt": "__bang_lt", "cmpne": "__bang_ne",
+          "pow": "__bang_pow"}
 BOOL_VECTOR = {"add": "__bang_bor", "mul": "__bang_band", "max": "__bang_bor"}
 WITH_SCALAR = {"add": "__bang_add_scalar", "mul": "__bang_mul_scalar", "max": "__bang_maxequal_scalar"}
 UNARY = {"neg": "__bang_neg", "recip": "__bang_active_recip", "sqrt": "__bang_active_sqrt",
-         "exp2": "__bang_active_exp2", "log2": "__bang_active_log2", "sin": "__bang_active_sin"}
+         "exp2": "__bang_active_exp2", "log2": "__bang_active_log2", "sin": "__bang_active_sin",
+         "cos": "__bang_active_cos"}
 DIVIDE = {"idiv": "__bang_floordiv", "mod": "__bang_floormod"}
 REDUCE = {"add": "__bang_reduce_sum", "mul": "__bang_reduce_mul", "max": "__bang_reduce_max"}
 BOOL_REDUCE = {"add": "__bang_reduce_or", "mul": "__bang_reduce_and", "max": "__bang_reduce_or"}
@@ -21,11 +23,19 @@ SCATTER = {"add": "__scatter_add", "max": "__scatter_max"}
 
 
 def _is_relu(value):
-    """where(0 < x, x, 0): relu as the table composes it."""
+    """where(0 < x or x != x, x, 0): relu as math.relu composes it (NaN stays NaN); for integers
+    where(0 < x, x, 0)."""
     test, x, zero = value.args
+    if not (isinstance(zero, ir.Scalar) and zero.value == 0 and x.dtype != dtypes.bool_):
+        return False
+    if x.dtype.is_float:
+        if not (isinstance(test, ir.Apply) and test.op == "or"):
+            return False
+        test, nan = test.args
+        if not (isinstance(nan, ir.Apply) and nan.op == "cmpne" and nan.args[0] is x and nan.args[1] is x):
+            return False
     return isinstance(test, ir.Apply) and test.op == "cmplt" and test.args[1] is x and \
-        isinstance(test.args[0], ir.Scalar) and test.args[0].value == 0 and \
-        isinstance(zero, ir.Scalar) and zero.value == 0 and x.dtype != dtypes.bool_
+        isinstance(test.args[0], ir.Scalar) and test.args[0].value == 0
 
 
 class VectorOps:

@@ -22,7 +22,7 @@ from metagraph.runtime.cache import KernelCache
 CTYPE = {"bool": "uint8_t", "uint8": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t",
          "int64": "int64_t", "float16": "_Float16", "float32": "float", "float64": "double"}
 
-MATH = {"sqrt": "sqrt", "exp2": "exp2", "log2": "log2", "sin": "sin"}
+MATH = {"sqrt": "sqrt", "exp2": "exp2", "log2": "log2", "sin": "sin", "cos": "cos", "pow": "pow"}
 INLINE_FLOAT_MATH = {"exp2": "mg_exp2"}   # float32 (and float16) through c_helpers.j2's, not libm's
 FMA = {dtypes.float32: "fmaf", dtypes.float64: "fma"}
 BINARY = {"add": "({0} + {1})", "mul": "({0} * {1})", "cmplt": "({0} < {1})", "cmpne": "({0} != {1})",
@@ -128,11 +128,11 @@ class Renderer:
             return f"({scalar(1, dtype)} / {args[0]})"
         if op in MATH:
             if dtype not in (dtypes.float32, dtypes.float16):
-                return f"{MATH[op]}({args[0]})"
+                return f"{MATH[op]}({', '.join(args)})"
             function = INLINE_FLOAT_MATH.get(op, MATH[op]) + "f"
             if dtype == dtypes.float16:
-                return f"((_Float16){function}((float){args[0]}))"
-            return f"{function}({args[0]})"
+                return f"((_Float16){function}({', '.join(f'(float){a}' for a in args)}))"
+            return f"{function}({', '.join(args)})"
         if op == "cast":
             if dtype == dtypes.bool_:
                 return f"({args[0]} != 0)"

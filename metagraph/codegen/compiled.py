@@ -222,7 +222,8 @@ class CompiledBackend:
         entry.runs += 1
         seconds = [] if self.tuner.wanted(entry.runs) else None
         buffers = executor.run(graph, entry.steps, entry.functions, entry.sources,
-                               oracle=check_against_oracle if flags.CHECK else None, seconds=seconds)
+                               oracle=check_against_oracle if flags.CHECK else None, seconds=seconds,
+                               explain=explain_failure)
         if seconds is not None:
             self.tuner.tune(graph, entry, buffers, seconds)
         # Values that autograd keeps anyway keep their buffers too, so that reading the loss after
@@ -234,13 +235,25 @@ class CompiledBackend:
         return [buffers[k] for k in graph.outputs]
 
 
+def _oracle(graph, step, buffers):
+    """The kernel's output recomputed by the numpy backend from the kernel's inputs."""
+    known = {graph.nodes[k].id: buffers[k] for k in step.positions[1:]}
+    known.update({node.id: node.buffer for node in graph.nodes if node.buffer is not None})
+    return NumpyBackend().realize([graph.nodes[step.positions[0]]], known)[0]
+
+
+def explain_failure(graph, step, buffers):
+    """A kernel reported a failed check (an index out of bounds, a division by zero), which it
+    knows only by number: the numpy backend, computing the same node from the same inputs, raises
+    the same error naming the offending index. Only on that path, so it costs nothing otherwise."""
+    _oracle(graph, step, buffers)
+
+
 def check_against_oracle(graph, step, buffers, source):
     """METAGRAPH_CHECK=1: recompute the kernel's output with the numpy backend and compare."""
     position = step.positions[0]
     root = graph.nodes[position]
-    known = {graph.nodes[k].id: buffers[k] for k in step.positions[1:]}
-    known.update({node.id: node.buffer for node in graph.nodes if node.buffer is not None})
-    want = NumpyBackend().realize([root], known)[0]
+    want = _oracle(graph, step, buffers)
     got = buffers[position]
     if root.dtype.is_float:
         scale = np.nanmax(np.abs(want[np.isfinite(want)]), initial=1.0)

@@ -6,8 +6,9 @@ function per table row, no fusion, no cleverness beyond freeing values nobody ne
 import numpy as np
 
 from metagraph import dtypes
-from metagraph.errors import IndexOutOfRange, MetagraphError, at
+from metagraph.errors import IndexOutOfRange, MetagraphError, OutOfMemory, at
 from metagraph.expr import Const, Extra, Select, Var
+from metagraph.ops.node import reported_op
 
 
 class NumpyBackend:
@@ -28,7 +29,11 @@ class NumpyBackend:
         with np.errstate(all="ignore"):
             for node in order:
                 args = [_value(source, values) for source in node.inputs]
-                values[node.id] = _owned(RULES[node.op](node, *args), node)
+                try:
+                    values[node.id] = _owned(RULES[node.op](node, *args), node)
+                except MemoryError:
+                    _fail(OutOfMemory, node, f"cannot allocate {node.numel * node.dtype.itemsize} bytes "
+                                             f"for a {node.dtype.name} value of shape {node.shape}")
                 for source in node.inputs:
                     uses[source.id] -= 1
                     if uses[source.id] == 0 and source.id not in wanted and source.id not in (known or {}):
@@ -68,7 +73,7 @@ def _owned(array, node):
 
 
 def _fail(kind, node, message):
-    raise kind(f"{node.op}: {message} (node created at {at(node.location)})")
+    raise kind(f"{reported_op(node)}: {message} (node created at {at(node.location)})")
 
 
 # ---- index expressions -------------------------------------------------------------------
@@ -182,6 +187,7 @@ RULES = {
     "exp2": lambda node, x: np.exp2(x),
     "log2": lambda node, x: np.log2(x),
     "sin": lambda node, x: np.sin(x),
+    "cos": lambda node, x: np.cos(x),
     "cast": lambda node, x: x.astype(node.dtype.np),
     "add": lambda node, a, b: np.add(a, b),
     "mul": lambda node, a, b: np.multiply(a, b),
@@ -192,6 +198,7 @@ RULES = {
     "reduce": _reduce,
     "reindex": _reindex,
     "reindex_reduce": _reindex_reduce,
+    "pow": lambda node, a, b: np.power(a, b),
     "idiv": _integer_division(np.floor_divide),
     "mod": _integer_division(np.mod),
     "and": lambda node, a, b: np.bitwise_and(a, b),

@@ -20,7 +20,8 @@ COMPARE = {("cmplt", "f"): "fcmp olt", ("cmplt", "i"): "icmp slt", ("cmplt", "u"
            ("cmplt", "b"): "icmp ult", ("cmpne", "f"): "fcmp une", ("cmpne", "i"): "icmp ne",
            ("cmpne", "u"): "icmp ne", ("cmpne", "b"): "icmp ne"}
 GREATER = {"f": "fcmp ogt", "i": "icmp sgt", "u": "icmp ugt", "b": "icmp ugt"}
-MATH = {"sqrt": "llvm.sqrt", "exp2": "llvm.exp2", "log2": "llvm.log2", "sin": "llvm.sin"}
+MATH = {"sqrt": "llvm.sqrt", "exp2": "llvm.exp2", "log2": "llvm.log2", "sin": "llvm.sin",
+        "cos": "llvm.cos", "pow": "llvm.pow"}
 FLOAT_SUFFIX = {"float16": "f16", "float32": "f32", "float64": "f64"}
 # accumulating may reorder (what `omp simd reduction` allows the C backend): it lets loops vectorise
 ACCUMULATE = {("add", "f"): "fadd reassoc", ("mul", "f"): "fmul reassoc"}
@@ -58,12 +59,12 @@ class Ops:
             return self.instruction(f"fdiv {t} {constant(1, dtype)}, {args[0]}")
         if op in MATH:
             if dtype == dtypes.float16:      # float16 math runs in float32, as the C backend does
-                wide = self.instruction(f"fpext half {args[0]} to float")
-                result = self.call("float", f"{MATH[op]}.f32", [f"float {wide}"])
+                wide = [f"float {self.instruction(f'fpext half {a} to float')}" for a in args]
+                result = self.call("float", f"{MATH[op]}.f32", wide)
                 return self.instruction(f"fptrunc float {result} to half")
             if (op, dtype) == ("exp2", dtypes.float32):
                 return self.instruction(f"call float @mg_exp2f(float {args[0]})")
-            return self.call(t, f"{MATH[op]}.{FLOAT_SUFFIX[dtype.name]}", [f"{t} {args[0]}"])
+            return self.call(t, f"{MATH[op]}.{FLOAT_SUFFIX[dtype.name]}", [f"{t} {a}" for a in args])
         if op == "max":
             a, b = args
             greater = self.instruction(f"{GREATER[k]} {t} {a}, {b}")

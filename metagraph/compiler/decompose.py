@@ -3,8 +3,8 @@
 A code generator declares the table rows it renders (`CompiledBackend.renders`); lowering asks
 here for the others. Each rule is exact (same bits, same NaN and overflow behaviour, same error
 on a zero divisor), so a backend that leaves one out still matches the oracle. Rows with no exact
-composition from the others (sqrt, exp2, log2, sin, recip, cmplt, cmpne, where, cast, and, or,
-xor, idiv) have no rule: a backend must render them.
+composition from the others (sqrt, exp2, log2, sin, cos, pow, recip, cmplt, cmpne, where, cast,
+and, or, xor, idiv) have no rule: a backend must render them.
 """
 from metagraph import dtypes
 from metagraph.compiler import ir

@@ -30,7 +30,7 @@ CHEAP_COST = 12        # recomputing a sigmoid beats writing it out and reading 
 EXPAND_BUDGET = 16
 SMALL = 1024
 TRANSCENDENTAL_COST = 4
-TRANSCENDENTAL = {"recip", "sqrt", "exp2", "log2", "sin"}
+TRANSCENDENTAL = {"recip", "sqrt", "exp2", "log2", "sin", "cos", "pow"}
 ALWAYS_MATERIALISED = {"reduce", "reindex_reduce", "contiguous"}
 MAX_DEPTH = 128
 

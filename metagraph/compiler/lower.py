@@ -20,6 +20,7 @@ from metagraph.compiler.nest import ACC_REGISTERS, Nest
 from metagraph.compiler.simplify import simplify, substitute
 from metagraph.errors import IndexOutOfRange, MetagraphError
 from metagraph.expr import Binary, Const, Extra, Var, variables
+from metagraph.ops.node import reported_op
 
 INDEX_BUDGET = 2000      # expression nodes an index may grow to before its source is materialised
 
@@ -204,7 +205,7 @@ class _Lowering:
 
     def site(self, kind, message, node):
         """A run-time check: its number is what a kernel writes to `err` when the check fails."""
-        self.sites.append((kind, f"{node.op}: {message}", self.graph.position[node.id]))
+        self.sites.append((kind, f"{reported_op(node)}: {message}", self.graph.position[node.id]))
         return len(self.sites)
 
     def flat(self, shape, index):
@@ -369,8 +370,10 @@ class _Lowering:
     def kernel(self):
         node = self.graph.nodes[self.root]
         out = self.param(self.root, output=True)
-        gathered = gather.gathered(self, node, out) if node.op == "reindex_reduce" else None
-        if gathered is not None:
+        gathered = gather.gathered(self, node, out) if node.op == "reindex_reduce" and node.numel else None
+        if not node.numel:          # nothing to compute: an empty kernel, which the executor never launches
+            body, kind = [], "e"
+        elif gathered is not None:
             body, kind = gathered, "g"
         elif node.op == "reindex_reduce":
             body, kind = gather.scatter(self, node, out), "s"

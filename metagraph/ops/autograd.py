@@ -1,5 +1,11 @@
-"""Reverse-mode differentiation over the meta-op graph: every rule comes from the table."""
-from metagraph.errors import MetagraphError, user_location
+"""Reverse-mode differentiation over the meta-op graph: every rule comes from the table.
+
+A backward pass releases the graph it walks, as PyTorch frees its saved tensors: walking a
+released node again is an error unless the first pass was given retain_graph=True. Nothing is
+freed (the graph is lazy and holds no saved values); the error keeps PyTorch's contract, so that
+a second backward does not silently add the same gradients again. It is stricter than PyTorch's
+only for graphs that save nothing (x + 1 alone), which PyTorch lets one walk twice."""
+from metagraph.errors import MetagraphError, fail, user_location
 from metagraph.ops.node import GradMode, located
 from metagraph.ops.table import TABLE
 
@@ -22,22 +28,34 @@ def _backward_order(outputs):
     return order[::-1]
 
 
-def gradients(outputs, output_grads, create_graph=False):
+def gradients(outputs, output_grads, create_graph=False, retain_graph=None, op="backward"):
     """Map node id -> gradient node for every node between `outputs` and the leaves. The gradient
-    nodes record the user's line that asked for them."""
+    nodes record the user's line that asked for them. Unless retain_graph (by default
+    create_graph), the walked nodes are released; `op` names the caller in the error raised when
+    a released node is walked again."""
+    order = _backward_order(outputs)
+    for node in order:
+        if node.released:
+            fail(MetagraphError, op, "trying to backward through the graph a second time: backward() "
+                                     "and grad() release the graph they walk; pass retain_graph=True "
+                                     "to the first call to walk it again")
     previous, GradMode.enabled = GradMode.enabled, create_graph
     try:
         with located(user_location()):
-            return _accumulated(outputs, output_grads)
+            grads = _accumulated(order, outputs, output_grads)
     finally:
         GradMode.enabled = previous
+    if not (create_graph if retain_graph is None else retain_graph):
+        for node in order:
+            node.released = not node.leaf
+    return grads
 
 
-def _accumulated(outputs, output_grads):
+def _accumulated(order, outputs, output_grads):
     grads = {}
     for node, grad in zip(outputs, output_grads):
         grads[node.id] = grad if node.id not in grads else grads[node.id] + grad
-    for node in _backward_order(outputs):
+    for node in order:
         grad = grads.get(node.id)
         if grad is None or node.leaf:
             continue

@@ -7,7 +7,7 @@ copy when it is large enough to matter; no im2col buffer exists in the graph.
 import numpy as np
 
 from metagraph import dtypes
-from metagraph.errors import ArgumentError, DTypeError, ShapeError, fail
+from metagraph.errors import ArgumentError, DTypeError, ShapeError, Unsupported, fail
 from metagraph.expr import Const, Extra, Select, Var, binary
 from metagraph.ops import math as m
 from metagraph.ops.movement import reshape, view
@@ -186,15 +186,29 @@ def _pool_window(op, x, kernel, stride, padding, dilation, ceil_mode, fill):
 @recorded
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
                return_indices=False):
+    """The maximum of each window. Its gradient goes to the window's first maximum in PyTorch's
+    scan order (row by row, padding skipped; a NaN wins), not shared among ties as amax's is."""
     x, unbatched = _batched("max_pool2d", x)
     window, kernel, stride, padding = _pool_window("max_pool2d", x, kernel_size, stride, padding,
                                                    dilation, ceil_mode, dtypes.min_value(x.dtype))
     out = apply("reduce", window, op="max", axes=(4, 5), keepdim=False)
+    takes_grad = GradMode.enabled and x.requires_grad
+    if not return_indices and not takes_grad:
+        return _unbatch(out, unbatched)
+    from metagraph.ops.reduce import amin
+    n, c, ho, wo = out.shape
+    flat = (n, c, ho, wo, kernel[0] * kernel[1])
+    inside, _, _, _ = _pool_window("max_pool2d", m.const(True, x.shape, dtypes.bool_), kernel_size,
+                                   stride, padding, dilation, ceil_mode, False)
+    taps = reshape(window, flat)
+    position = apply("index", shape=flat, axis=4, dtype=dtypes.int64)
+    best = m.logical_or(m.eq(taps, m.expand(reshape(out, flat[:4] + (1,)), flat)), m.ne(taps, taps))
+    tap = amin(m.where(m.logical_and(reshape(inside, flat), best), position, flat[4]), dim=4)
+    if takes_grad:      # the value read back at that tap, so that the gradient goes there only
+        chosen = m.eq(position, m.expand(reshape(tap, flat[:4] + (1,)), flat))
+        out = apply("reduce", m.where(chosen, taps, 0), op="add", axes=(4,), keepdim=False)
     if not return_indices:
         return _unbatch(out, unbatched)
-    from metagraph.ops.reduce import argmax
-    n, c, ho, wo = out.shape
-    tap = argmax(reshape(window, (n, c, ho, wo, kernel[0] * kernel[1])), dim=4)
     dilation = pair("max_pool2d", dilation, "dilation")
     rows = apply("index", shape=out.shape, axis=2, dtype=dtypes.int64) * stride[0] + \
         apply("idiv", tap, m.const(kernel[1], tap.shape, dtypes.int64)) * dilation[0] - padding[0]
@@ -289,7 +303,7 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
     if (size is None) == (scale_factor is None):
         fail(ArgumentError, "interpolate", "give exactly one of size and scale_factor")
     if mode not in ("nearest", "bilinear"):
-        fail(ArgumentError, "interpolate", f"mode must be 'nearest' or 'bilinear', got {mode!r}")
+        fail(Unsupported, "interpolate", f"mode must be 'nearest' or 'bilinear', got {mode!r}")
     if mode == "nearest" and align_corners is not None:
         fail(ArgumentError, "interpolate", "align_corners only applies to bilinear mode")
     n, c, h, w = x.shape
@@ -305,6 +319,8 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
         tables = [_table(s) for s in src]
         return apply("reindex", x, *tables, shape=shape, fill=0, checked=True,
                      index_map=(Var(0), Var(1), Extra(0, (Var(2),)), Extra(1, (Var(3),))))
+    if x.dtype == dtypes.uint8:
+        return _bilinear_uint8(x, size, scales, bool(align_corners))
     x = m.floating(x)
     low = [np.minimum(np.floor(s), size_in - 1) for s, size_in in zip(src, (h, w))]
     high = [np.minimum(lo + 1, size_in - 1) for lo, size_in in zip(low, (h, w))]
@@ -318,3 +334,47 @@ def interpolate(x, size=None, scale_factor=None, mode="nearest", align_corners=N
     top = corner(0, 2) * (1.0 - lam_w) + corner(0, 3) * lam_w
     bottom = corner(1, 2) * (1.0 - lam_w) + corner(1, 3) * lam_w
     return top * (1.0 - lam_h) + bottom * lam_h
+
+
+def _bilinear_uint8(x, size, scales, align_corners):
+    """PyTorch's bilinear resize of uint8 images, to the same bytes: a pass along the width, then
+    one along the height (each only where the size changes), each a two-tap sum with weights in
+    fixed point, rounded half up and clamped to [0, 255]."""
+    out = m.cast(x, dtypes.int64)
+    for axis in (3, 2):
+        if size[axis - 2] != x.shape[axis]:
+            out = _fixed_point_pass(out, axis, size[axis - 2], scales[axis - 2], align_corners)
+    return m.cast(out, dtypes.uint8)
+
+
+def _fixed_point_pass(x, axis, size, scale_factor, align_corners):
+    taps, weights, precision = _fixed_point_taps(x.shape[axis], size, scale_factor, align_corners)
+    shape = x.shape[:axis] + (size,) + x.shape[axis + 1:]
+    index_map = tuple(Extra(0, (Var(axis),)) if d == axis else Var(d) for d in range(x.ndim))
+    total = m.const(1 << (precision - 1), (), dtypes.int64)       # rounds half up
+    for k in range(2):
+        tap = apply("reindex", x, _table(taps[:, k]), shape=shape, index_map=index_map, fill=0,
+                    checked=True)
+        weight = _weights(weights[:, k].reshape((size,) + (1,) * (x.ndim - 1 - axis)), dtypes.int64)
+        total = total + tap * weight
+    return m.clamp(m.floor_divide(total, 1 << precision), 0, 255)
+
+
+def _fixed_point_taps(size, out, scale_factor, align_corners):
+    """(taps (out, 2), their weights as integers, precision p: a weight w is round(w * 2^p), p as
+    large as int16 weights allow), as PyTorch's uint8 kernels compute them."""
+    if align_corners:
+        scale, delta = ((size - 1) / (out - 1) if out > 1 else 0.0), 0.5
+    else:
+        scale, delta = (1.0 / scale_factor if scale_factor else size / out), 0.0
+    center = scale * (np.arange(out) + 0.5 - delta)
+    first = np.maximum((center - 0.5 + delta).astype(np.int64), 0)     # truncated toward zero
+    end = np.minimum((center + 1.5 + delta).astype(np.int64), size)
+    taps = first[:, None] + np.arange(2)
+    weights = np.maximum(1 - np.abs(taps - center[:, None] + 0.5 - delta), 0) * (taps < end[:, None])
+    total = weights.sum(axis=1, keepdims=True)
+    weights = np.divide(weights, total, out=weights, where=total != 0)
+    precision = 0
+    while precision < 22 and int(0.5 + weights.max() * (1 << (precision + 1))) < 1 << 15:
+        precision += 1
+    return np.minimum(taps, size - 1), np.floor(0.5 + weights * (1 << precision)), precision

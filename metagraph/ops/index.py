@@ -1,16 +1,20 @@
 """Indexing: getitem/setitem, gather/scatter, one_hot, cumsum and the Jittor-style reindex API.
 
 Basic indexing (ints, slices, None, ...) is one reindex view. Integer-tensor indices are read
-inside the index map as extras (`@e0(...)`), with out-of-range indices an error.
+inside the index map as extras (`@e0(...)`), with out-of-range indices an error when the graph
+runs (a checked reindex, labelled with the op that error names: node.labelled). As in PyTorch,
+indexing with a tensor wraps negative indices; gather, scatter_add, index_select, index_add and
+one_hot do not: a negative index is out of bounds there.
 """
 import numpy as np
 
 from metagraph import dtypes
-from metagraph.errors import ArgumentError, IndexOutOfRange, MetagraphError, ShapeError, DTypeError, fail
+from metagraph.errors import (ArgumentError, DTypeError, IndexOutOfRange, MetagraphError, ShapeError,
+                              Unsupported, fail)
 from metagraph.expr import Extra, Select, Var, binary, lift, parse
 from metagraph.ops import math as m
-from metagraph.ops.movement import normalize_dim, unsqueeze, view
-from metagraph.ops.node import Node
+from metagraph.ops.movement import normalize_dim, view
+from metagraph.ops.node import Node, labelled
 from metagraph.ops.table import apply
 
 
@@ -33,38 +37,70 @@ def _index_node(value):
     return Node("buffer", (), {}, array.shape, dtype, buffer=np.ascontiguousarray(array, dtype.np))
 
 
+def _dims(k):
+    """How many dimensions of the indexed tensor an index item consumes."""
+    if k is None or k is Ellipsis:
+        return 0
+    return k.ndim if isinstance(k, Node) and k.dtype == dtypes.bool_ else 1
+
+
 def _expand_key(x, key, realize):
     """The key as a list with Ellipsis expanded and bool masks turned into integer indices."""
     key = list(key) if isinstance(key, tuple) else [key]
-    expanded = []
+    items = []
     for k in key:
         if isinstance(k, np.integer):
             k = int(k)
         if not isinstance(k, (int, slice, type(None), type(Ellipsis))) or isinstance(k, bool):
             k = _index_node(k)
-        if isinstance(k, Node) and k.dtype == dtypes.bool_:
-            realize([k])       # a mask's shape depends on its values: a sync point
-            expanded.extend(_index_node(i) for i in np.nonzero(k.buffer))
-        else:
-            expanded.append(k)
-    consumed = sum(1 for k in expanded if k is not None and k is not Ellipsis)
-    if expanded.count(Ellipsis) > 1:
+        items.append(k)
+    if items.count(Ellipsis) > 1:
         fail(IndexOutOfRange, "getitem", "an index can only have a single ellipsis")
+    consumed = sum(_dims(k) for k in items)
     if consumed > x.ndim:
         fail(IndexOutOfRange, "getitem", f"too many indices for a tensor of {x.ndim} dimensions")
-    if Ellipsis not in expanded:
-        expanded.append(Ellipsis)
-    at = expanded.index(Ellipsis)
-    expanded[at:at + 1] = [slice(None)] * (x.ndim - consumed)
+    if Ellipsis not in items:
+        items.append(Ellipsis)
+    at = items.index(Ellipsis)
+    items[at:at + 1] = [slice(None)] * (x.ndim - consumed)
+    expanded, dim = [], 0
+    for k in items:
+        if isinstance(k, Node) and k.dtype == dtypes.bool_:
+            expanded.extend(_mask_indices(x, k, dim, realize))
+        else:
+            expanded.append(k)
+        dim += _dims(k)
     return expanded
+
+
+def _mask_indices(x, mask, dim, realize):
+    """The integer indices that a bool mask over x's dimensions from `dim` on selects."""
+    if mask.ndim == 0:            # x[True] adds a dimension of size 1, as None does
+        realize([mask])
+        if not mask.buffer:
+            fail(Unsupported, "getitem", "a 0-d False mask (an empty new dimension) is not supported")
+        return [None]
+    if mask.shape != x.shape[dim:dim + mask.ndim]:
+        fail(IndexOutOfRange, "getitem", f"the shape of the mask {list(mask.shape)} at index {dim} does "
+                                         f"not match the shape of the indexed tensor {list(x.shape)}")
+    realize([mask])       # a mask's shape depends on its values: a sync point
+    return [_index_node(i) for i in np.nonzero(mask.buffer)]
 
 
 def index_map_for(x, key, realize):
     """(region shape, index map, extras) such that x[key] = reindex(x, shape, map, extras)."""
     key = _expand_key(x, key, realize)
-    tensors = [k for k in key if isinstance(k, Node)]
-    batch = m.broadcast_shape("getitem", *[t.shape for t in tensors]) if tensors else ()
-    positions = [p for p, k in enumerate(key) if isinstance(k, Node)]
+    # index tensors of at least one dimension; a 0-d one selects as an int does (PyTorch's rule)
+    tensors = [k for k in key if isinstance(k, Node) and k.ndim]
+    try:
+        batch = np.broadcast_shapes(*[t.shape for t in tensors])
+    except ValueError:          # PyTorch's IndexError
+        shapes = " and ".join(str(t.shape) for t in tensors)
+        fail(IndexOutOfRange, "getitem", f"index tensors of shapes {shapes} cannot be broadcast together")
+    # the tensors' dimensions take their place where nothing but ints separates them (PyTorch
+    # selects with ints, and 0-d tensors, first); a slice or None between them puts them first
+    not_selecting = [k for k in key if not isinstance(k, int) and not (isinstance(k, Node) and not k.ndim)]
+    positions = [p for p, k in enumerate(not_selecting) if isinstance(k, Node)]
     adjacent = bool(positions) and positions == list(range(positions[0], positions[-1] + 1))
     shape, index_map, extras, dim = [], [], [], 0
     batch_at = None
@@ -85,6 +121,9 @@ def index_map_for(x, key, realize):
             start, stop, step = k.indices(size)
             index_map.append(start + Var(len(shape)) * step)
             shape.append(len(range(start, stop, step)))
+        elif not k.ndim:
+            extras.append(k)
+            index_map.append(_wrap_negative(Extra(len(extras) - 1, ()), size))
         else:
             if batch_at is None:
                 batch_at = len(shape)
@@ -98,8 +137,10 @@ def index_map_for(x, key, realize):
 
 def getitem(x, key, realize):
     shape, index_map, extras = index_map_for(x, key, realize)
-    return apply("reindex", x, *extras, shape=shape, index_map=tuple(index_map), fill=0,
-                 checked=bool(extras))
+    if not extras:
+        return apply("reindex", x, shape=shape, index_map=tuple(index_map), fill=0, checked=False)
+    return labelled(apply("reindex", x, *extras, shape=shape, index_map=tuple(index_map), fill=0,
+                          checked=True), "getitem")
 
 
 def setitem(x, key, value, realize):
@@ -110,9 +151,9 @@ def setitem(x, key, value, realize):
         fail(ShapeError, "setitem", f"value of shape {value.shape} does not fit region {shape}")
     value = m.expand(value, shape)
     scatter = dict(shape=x.shape, index_map=tuple(index_map), checked=True)
-    written = apply("reindex_reduce", value, *extras, op="add", **scatter)
-    covered = apply("reindex_reduce", m.const(True, shape, dtypes.bool_), *extras, op="max",
-                    **scatter)
+    written = labelled(apply("reindex_reduce", value, *extras, op="add", **scatter), "setitem")
+    covered = labelled(apply("reindex_reduce", m.const(True, shape, dtypes.bool_), *extras, op="max",
+                             **scatter), "setitem")
     return apply("where", covered, written, x)
 
 
@@ -131,9 +172,9 @@ def gather(x, dim, index):
     _check_index("gather", index)
     if index.ndim != x.ndim or any(index.shape[d] > x.shape[d] for d in range(x.ndim) if d != dim):
         fail(ShapeError, "gather", f"index {index.shape} does not fit input {x.shape} at dim {dim}")
-    read = _wrap_negative(Extra(0, tuple(Var(d) for d in range(x.ndim))), x.shape[dim])
-    return apply("reindex", x, index, shape=index.shape, index_map=_axis_map(x.ndim, dim, read),
-                 fill=0, checked=True)
+    read = Extra(0, tuple(Var(d) for d in range(x.ndim)))
+    return labelled(apply("reindex", x, index, shape=index.shape, index_map=_axis_map(x.ndim, dim, read),
+                          fill=0, checked=True), "gather")
 
 
 def scatter_add(x, dim, index, src):
@@ -143,9 +184,9 @@ def scatter_add(x, dim, index, src):
     if index.ndim != x.ndim or any(index.shape[d] > src.shape[d] for d in range(x.ndim)):
         fail(ShapeError, "scatter_add", f"index {index.shape} does not fit src {src.shape}")
     src = view(m.cast(src, x.dtype), index.shape, [Var(d) for d in range(x.ndim)])
-    target = _wrap_negative(Extra(0, tuple(Var(d) for d in range(x.ndim))), x.shape[dim])
-    added = apply("reindex_reduce", src, index, op="add", shape=x.shape,
-                  index_map=_axis_map(x.ndim, dim, target), checked=True)
+    target = Extra(0, tuple(Var(d) for d in range(x.ndim)))
+    added = labelled(apply("reindex_reduce", src, index, op="add", shape=x.shape,
+                           index_map=_axis_map(x.ndim, dim, target), checked=True), "scatter_add")
     return apply("add", x, added)
 
 
@@ -154,10 +195,10 @@ def index_select(x, dim, index):
     _check_index("index_select", index)
     if index.ndim != 1:
         fail(ShapeError, "index_select", f"index must be 1-D, got {index.shape}")
-    read = _wrap_negative(Extra(0, (Var(dim),)), x.shape[dim])
     shape = x.shape[:dim] + index.shape + x.shape[dim + 1:]
-    return apply("reindex", x, index, shape=shape, index_map=_axis_map(x.ndim, dim, read),
-                 fill=0, checked=True)
+    read = _axis_map(x.ndim, dim, Extra(0, (Var(dim),)))
+    return labelled(apply("reindex", x, index, shape=shape, index_map=read, fill=0, checked=True),
+                    "index_select")
 
 
 def index_add(x, dim, index, source, alpha=1):
@@ -168,20 +209,28 @@ def index_add(x, dim, index, source, alpha=1):
         fail(ShapeError, "index_add", f"source {source.shape} and index {index.shape} do not fit "
                                       f"input {x.shape} at dim {dim}")
     source = m.cast(source * alpha if alpha != 1 else source, x.dtype)
-    target = _wrap_negative(Extra(0, (Var(dim),)), x.shape[dim])
-    added = apply("reindex_reduce", source, index, op="add", shape=x.shape,
-                  index_map=_axis_map(x.ndim, dim, target), checked=True)
+    target = _axis_map(x.ndim, dim, Extra(0, (Var(dim),)))
+    added = labelled(apply("reindex_reduce", source, index, op="add", shape=x.shape, index_map=target,
+                           checked=True), "index_add")
     return apply("add", x, added)
 
 
 def one_hot(x, num_classes, realize):
+    """Row x of the num_classes x num_classes identity per element: a class outside
+    [0, num_classes) is an error when the graph runs (num_classes < 0 reads the largest: a sync)."""
     _check_index("one_hot", x)
     if num_classes < 0:
         realize([x])
-        num_classes = int(x.buffer.max()) + 1 if x.buffer.size else 0
-    shape = x.shape + (num_classes,)
-    classes = apply("index", shape=shape, axis=x.ndim, dtype=dtypes.int64)
-    return m.cast(m.eq(m.expand(unsqueeze(x, -1), shape), classes), dtypes.int64)
+        if not x.buffer.size:
+            fail(ArgumentError, "one_hot", "cannot infer the number of classes from an empty tensor; "
+                                           "pass num_classes")
+        num_classes = int(x.buffer.max()) + 1
+    square = (num_classes, num_classes)
+    identity = m.cast(m.eq(apply("index", shape=square, axis=0, dtype=dtypes.int64),
+                           apply("index", shape=square, axis=1, dtype=dtypes.int64)), dtypes.int64)
+    row = Extra(0, tuple(Var(d) for d in range(x.ndim)))
+    return labelled(apply("reindex", identity, x, shape=x.shape + (num_classes,), fill=0, checked=True,
+                          index_map=(row, Var(x.ndim))), "one_hot")
 
 
 def cumsum(x, dim, dtype=None):

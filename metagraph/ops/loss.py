@@ -7,7 +7,7 @@ from metagraph.ops import reduce as rd
 from metagraph.ops.index import gather
 from metagraph.ops.linalg import matmul
 from metagraph.ops.movement import normalize_dim, reshape, squeeze, unsqueeze, T
-from metagraph.ops.node import detach
+from metagraph.ops.node import detach, labelled
 from metagraph.ops.recorded import recorded
 from metagraph.ops.table import apply
 
@@ -15,7 +15,7 @@ from metagraph.ops.table import apply
 @recorded
 def softmax(x, dim):
     x = m.floating(x)
-    shifted = x - detach(rd.amax(x, dim, keepdim=True))
+    shifted = x - rd.peak(x, dim)
     e = m.exp(shifted)
     return e / rd.sum(e, dim, keepdim=True)
 
@@ -23,7 +23,7 @@ def softmax(x, dim):
 @recorded
 def log_softmax(x, dim):
     x = m.floating(x)
-    shifted = x - detach(rd.amax(x, dim, keepdim=True))
+    shifted = x - rd.peak(x, dim)
     return shifted - m.log(rd.sum(m.exp(shifted), dim, keepdim=True))
 
 
@@ -35,6 +35,12 @@ def _reduce_loss(op, loss, reduction):
     if reduction == "none":
         return loss
     fail(ArgumentError, op, f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def _class_weights(weight, target, op):
+    """weight[target] per sample; a target outside the classes is an error when the graph runs."""
+    return labelled(apply("reindex", weight, target, shape=target.shape, fill=0, checked=True,
+                          index_map=(Extra(0, tuple(Var(d) for d in range(target.ndim))),)), op)
 
 
 @recorded
@@ -57,9 +63,7 @@ def nll_loss(logp, target, weight=None, ignore_index=-100, reduction="mean"):
     else:
         if weight.shape != (classes,):
             fail(ShapeError, "nll_loss", f"weight must have shape ({classes},), got {weight.shape}")
-        per_target = apply("reindex", weight, safe, shape=safe.shape, fill=0, checked=True,
-                           index_map=(Extra(0, tuple(Var(d) for d in range(safe.ndim))),))
-        w = m.where(valid, per_target, 0.0)
+        w = m.where(valid, _class_weights(weight, safe, "nll_loss"), 0.0)
     loss = -picked * w
     if unbatched:
         loss, w = squeeze(loss, 0), squeeze(w, 0)
@@ -97,9 +101,7 @@ def cross_entropy(logits, target, weight=None, ignore_index=-100, reduction="mea
         if weight is None:
             smooth = rd.sum(smooth) / rd.sum(m.cast(valid, logp.dtype))
         else:
-            safe = m.where(valid, target, 0)
-            w = apply("reindex", weight, safe, shape=safe.shape, fill=0, checked=True,
-                      index_map=(Extra(0, tuple(Var(d) for d in range(safe.ndim))),))
+            w = _class_weights(weight, m.where(valid, target, 0), "cross_entropy")
             smooth = rd.sum(smooth) / rd.sum(m.where(valid, w, 0.0))
     else:
         smooth = _reduce_loss("cross_entropy", smooth, reduction)
@@ -228,8 +230,8 @@ def embedding(indices, weight, padding_idx=None):
     if weight.ndim != 2:
         fail(ShapeError, "embedding", f"weight must be 2-D, got {weight.shape}")
     rows = tuple(Var(d) for d in range(indices.ndim))
-    out = apply("reindex", weight, indices, shape=indices.shape + (weight.shape[1],), fill=0,
-                checked=True, index_map=(Extra(0, rows), Var(indices.ndim)))
+    out = labelled(apply("reindex", weight, indices, shape=indices.shape + (weight.shape[1],), fill=0,
+                         checked=True, index_map=(Extra(0, rows), Var(indices.ndim))), "embedding")
     if padding_idx is None:
         return out
     padding_idx = normalize_dim("embedding", weight.shape[0], padding_idx)

@@ -9,7 +9,7 @@ import numpy as np
 from metagraph import dtypes
 from metagraph.errors import ArgumentError, DTypeError, ShapeError, fail
 from metagraph.expr import Const, Var
-from metagraph.ops.node import Node, detach
+from metagraph.ops.node import Node
 from metagraph.ops.recorded import recorded
 from metagraph.ops.table import apply
 
@@ -134,7 +134,7 @@ def floating(x):
     return x if x.dtype.is_float else cast(x, dtypes.default_float)
 
 
-def _no_bool(op, *xs):
+def no_bool(op, *xs):
     if any((is_node(x) and x.dtype == dtypes.bool_) or isinstance(x, bool) for x in xs):
         fail(DTypeError, op, "is not defined for bool tensors; use logical ops instead")
 
@@ -147,7 +147,7 @@ def add(a, b):
 
 @recorded
 def sub(a, b):
-    _no_bool("sub", a, b)
+    no_bool("sub", a, b)
     a, b = operands("sub", a, b)
     return apply("add", a, apply("neg", b))
 
@@ -157,66 +157,56 @@ def mul(a, b):
 
 
 def neg(x):
-    _no_bool("neg", x)
+    no_bool("neg", x)
     return apply("neg", x)
 
 
 @recorded
-def div(a, b):
-    """True division; integers divide as floats."""
+def div(a, b, rounding_mode=None):
+    """True division (integers divide as floats), or, with rounding_mode "trunc" or "floor", the
+    quotient rounded as PyTorch's: trunc of the rounded quotient, the floor of the exact one.
+    Their gradient is zero. An integer division by zero raises when the kernel runs."""
+    if rounding_mode in ("floor", "trunc"):
+        return rounded_division("div", a, b, rounding_mode)
+    if rounding_mode is not None:
+        fail(ArgumentError, "div", f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
     dtype = result_type(a, b)
     a, b = operands("div", a, b, dtype=dtype if dtype.is_float else dtypes.default_float)
     return apply("mul", a, apply("recip", b))
 
 
 @recorded
-def floor_divide(a, b):
-    dtype = result_type(a, b)
-    if dtype.is_float:
-        return floor(div(a, b))
-    _no_bool("floor_divide", a, b)
-    return apply("idiv", *operands("floor_divide", a, b))
-
-
-@recorded
-def remainder(a, b):
-    """a mod b with the divisor's sign (Python's %)."""
-    dtype = result_type(a, b)
-    if dtype.is_float:
-        a, b = operands("remainder", a, b)
-        return a - floor(a / b) * b
-    _no_bool("remainder", a, b)
-    return apply("mod", *operands("remainder", a, b))
-
-
-@recorded
 def pow(x, exponent):
-    """x ** exponent; small integer exponents are exact repeated products."""
+    """x ** exponent as PyTorch computes it: the `pow` row, with PyTorch's shortcuts for scalar
+    exponents (x ** 2 is x * x, x ** 0.5 a square root, x ** -1 a reciprocal), whose gradients
+    the chain rule gives as PyTorch's formula does. x ** 0 is 1 with a zero gradient."""
     if not is_node(x):
         x = const(x, (), result_type(x, exponent))
-    if not is_node(exponent) and float(exponent).is_integer() and abs(exponent) <= 64:
+    if not is_node(exponent) and float(exponent).is_integer() and -1 <= exponent <= 64:
         n = int(exponent)
         x = cast(x, result_type(x, exponent))
-        if n < 0 and not x.dtype.is_float:
-            fail(ArgumentError, "pow", "integers to negative integer powers are not allowed")
+        if n == 0:
+            return with_zero_gradient(const(1, x.shape, x.dtype), x)
+        if n == -1:
+            return recip(x) if x.dtype.is_float else _negative_power_of_integers()
         result, base = None, x
-        for bit in bin(abs(n))[2:][::-1]:
+        for bit in bin(n)[2:][::-1]:
             if bit == "1":
                 result = base if result is None else result * base
             base = base * base
-        result = const(1, x.shape, x.dtype) if result is None else result
-        return recip(result) if n < 0 else result
+        return result
     if not is_node(exponent) and exponent == 0.5:
         return sqrt(x)
+    if not is_node(exponent) and not result_type(x, exponent).is_float and exponent < 0:
+        _negative_power_of_integers()
     x, exponent = operands("pow", x, exponent)
     if not x.dtype.is_float:
         return _integer_pow(x, exponent)
-    magnitude = exp2(exponent * log2(abs_(x)))
-    whole = eq(floor(exponent), exponent)
-    odd = logical_and(whole, ne(remainder(exponent, 2.0), 0.0))
-    negative_base = where(whole, where(odd, -magnitude, magnitude), math.nan)
-    result = where(lt(x, 0.0), negative_base, magnitude)
-    return where(eq(exponent, 0.0), 1.0, result)
+    return apply("pow", x, exponent)
+
+
+def _negative_power_of_integers():
+    fail(ArgumentError, "pow", "integers to negative integer powers are not allowed")
 
 
 def _integer_pow(x, exponent):
@@ -272,8 +262,7 @@ def sin(x):
 
 
 def cos(x):
-    x = floating(x)
-    return apply("sin", x + math.pi / 2)
+    return apply("cos", floating(x))
 
 
 @recorded
@@ -285,28 +274,32 @@ def tan(x):
 def sigmoid(x):
     """1 / (1 + e^-x), computed from e^-|x| so that neither branch overflows."""
     x = floating(x)
-    e = exp(-abs_(x))
+    e = exp(-magnitude(x))
     return where(lt(x, 0.0), e / (e + 1.0), recip(e + 1.0))
 
 
 @recorded
 def tanh(x):
-    """tanh from e^-2|x|; a Taylor polynomial near 0 keeps small values exact."""
+    """tanh from e^-2|x|; a Taylor polynomial near 0 keeps small values exact (it reads x only
+    there: far out its powers overflow, and their zero gradient times inf would be NaN)."""
     x = floating(x)
-    e = exp(abs_(x) * -2.0)
+    e = exp(magnitude(x) * -2.0)
     t = (1.0 - e) / (1.0 + e)
     large = where(lt(x, 0.0), -t, t)
-    x2 = x * x
-    poly = x * (1.0 + x2 * (-1 / 3 + x2 * (2 / 15 + x2 * (-17 / 315 + x2 * (62 / 2835
-                + x2 * (-1382 / 155925 + x2 * (21844 / 6081075)))))))
-    return where(lt(abs_(x), 0.1), poly, large)
+    near = lt(magnitude(x), 0.1)
+    small = where(near, x, 0.0)
+    x2 = small * small
+    poly = small * (1.0 + x2 * (-1 / 3 + x2 * (2 / 15 + x2 * (-17 / 315 + x2 * (62 / 2835
+                    + x2 * (-1382 / 155925 + x2 * (21844 / 6081075)))))))
+    return where(near, poly, large)
 
 
 @recorded
 def erfc(x):
     """Complementary error function (a Chebyshev fit with relative error below 1.2e-7)."""
     x = floating(x)
-    z = abs_(x)
+    z = magnitude(x)
+    z = where(lt(30.0, z), 30.0, z)         # erfc(30) is 0 even in float64; z * z must stay finite
     t = recip(z * 0.5 + 1.0)
     poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806
             + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223
@@ -317,18 +310,24 @@ def erfc(x):
 
 @recorded
 def erf(x):
-    """Error function: a Taylor series near 0 (exact in float32), 1 - erfc elsewhere."""
+    """Error function: a Taylor series near 0 (exact in float32; it reads x only there, as tanh's
+    polynomial), 1 - erfc elsewhere."""
     x = floating(x)
-    x2 = x * x
-    series = x * (2 / math.sqrt(math.pi)) * (1.0 + x2 * (-1 / 3 + x2 * (1 / 10 + x2 * (-1 / 42
-                 + x2 * (1 / 216 + x2 * (-1 / 1320 + x2 * (1 / 9360 - x2 / 75600)))))))
-    return where(lt(abs_(x), 0.5), series, 1.0 - erfc(x))
+    near = lt(magnitude(x), 0.5)
+    small = where(near, x, 0.0)
+    x2 = small * small
+    series = small * (2 / math.sqrt(math.pi)) * (1.0 + x2 * (-1 / 3 + x2 * (1 / 10 + x2 * (-1 / 42
+                      + x2 * (1 / 216 + x2 * (-1 / 1320 + x2 * (1 / 9360 - x2 / 75600)))))))
+    return where(near, series, 1.0 - erfc(x))
 
 
 @recorded
 def relu(x):
-    """max(x, 0) with PyTorch's gradient of 0 at 0."""
-    return where(lt(0, x), x, 0)
+    """max(x, 0) as PyTorch's: NaN stays NaN (with gradient 1), the gradient at 0 is 0."""
+    passes = lt(0, x)
+    if x.dtype.is_float:
+        passes = logical_or(passes, ne(x, x))
+    return where(passes, x, 0)
 
 
 @recorded
@@ -349,64 +348,56 @@ def silu(x):
 
 @recorded
 def softplus(x, beta=1.0, threshold=20.0):
-    """log(1 + e^(beta x)) / beta, linear above threshold as in PyTorch."""
+    """log(1 + e^(beta x)) / beta, linear above threshold as in PyTorch: max(bx, 0) + log1p(e^-|bx|),
+    the two sides of 0 taken alike (so that the gradient there is 1/2)."""
     x = floating(x)
     bx = x * beta
-    smooth = (maximum(bx, 0.0) + log(exp(-abs_(bx)) + 1.0)) / beta
+    smooth = (where(lt(bx, 0.0), 0.0, bx) + _log1p(exp(-magnitude(bx)))) / beta
     return where(lt(threshold, bx), x, smooth)
 
 
-# ---- rounding and sign ---------------------------------------------------------------------
-
-def _exact_limit(dtype):
-    return {2: 2.0 ** 10, 4: 2.0 ** 23, 8: 2.0 ** 52}[dtype.itemsize]
-
-
-def floor(x):
-    """Largest integer <= x; values too large to have a fraction pass through (so do inf, NaN)."""
-    if not x.dtype.is_float:
-        return x
-    whole = cast(cast(x, dtypes.int64), x.dtype)
-    floored = where(lt(x, whole), whole - 1.0, whole)
-    return where(lt(abs_(x), _exact_limit(x.dtype)), floored, detach(x))
+def _log1p(u):
+    """log(1 + u) for u >= 0, accurate where 1 + u rounds (log(w) * u / (w - 1), w = 1 + u)."""
+    w = u + 1.0
+    rounded = ne(w, 1.0)
+    return where(rounded, log(w) * (u / where(rounded, w - 1.0, 1.0)), u)
 
 
-def ceil(x):
-    return x if not x.dtype.is_float else -floor(-x)
-
-
-def trunc(x):
-    return x if not x.dtype.is_float else where(lt(x, 0.0), ceil(x), floor(x))
-
-
-@recorded
-def round(x, decimals=0):
-    """Round half to even, as PyTorch and NumPy do."""
-    if not x.dtype.is_float:
-        return x
-    if decimals:
-        scale = 10.0 ** decimals
-        return round(x * scale) / scale
-    low = floor(x)
-    diff = x - low
-    odd = ne(remainder(low, 2.0), 0.0)
-    up = logical_or(lt(0.5, diff), logical_and(eq(diff, 0.5), odd))
-    return where(up, low + 1.0, low)
-
+# ---- sign and magnitude --------------------------------------------------------------------
 
 @recorded
 def sign(x):
     if x.dtype == dtypes.bool_:
         return x
     s = sub(cast(lt(0, x), x.dtype), cast(lt(x, 0), x.dtype))
-    return where(ne(x, x), x, s) if x.dtype.is_float else s
+    return with_zero_gradient(where(ne(x, x), x * 0.0, s), x) if x.dtype.is_float else s
 
 
 @recorded
 def abs_(x):
+    """|x| as PyTorch's: +0 at -0, and a gradient sign(x) that is 0 at 0 and at NaN."""
+    if not x.dtype.is_float:
+        return magnitude(x)
+    zero_or_nan = x * 0.0 + 0.0       # +0 at +-0, NaN at NaN, and no gradient
+    return where(lt(x, 0), -x, where(lt(0, x), x, zero_or_nan))
+
+
+def magnitude(x):
+    """|x| with gradient 1 at 0: the composites that pair it with a branch chosen by x < 0
+    (sigmoid, tanh, softplus) are one-sided there, and need the side x >= 0 consistently."""
     if x.dtype == dtypes.bool_:
         return x
     return where(lt(x, 0), -x, x)
+
+
+def with_zero_gradient(value, *sources):
+    """`value`, keeping each source's autograd history with a zero gradient: PyTorch's results
+    of floor, sign, x ** 0 and division with a rounding mode require grad, and their gradient is 0."""
+    for source in sources:
+        if is_node(source) and source.requires_grad:
+            keep = const(True, value.shape, dtypes.bool_)
+            value = apply("where", keep, value, expand(cast(source, value.dtype), value.shape))
+    return value
 
 
 # ---- comparison and selection --------------------------------------------------------------
@@ -461,9 +452,12 @@ def where(cond, a, b):
 
 @recorded
 def clamp(x, min=None, max=None):
-    """x limited to [min, max]; the gradient passes where x is inside, boundaries included."""
+    """x limited to [min, max]; the gradient passes where x is inside, boundaries included, and
+    not at NaN (PyTorch's)."""
     if min is None and max is None:
         fail(ArgumentError, "clamp", "at least one of min and max must be given")
+    if is_node(x) and x.dtype.is_float:
+        x = where(ne(x, x), x * 0.0, x)        # the same values; no gradient through NaN
     if min is not None:
         x = where(lt(x, min), min, x)
     if max is not None:
@@ -513,3 +507,8 @@ def logical_or(a, b):
 def logical_xor(a, b):
     return bitwise_xor(cast(a, dtypes.bool_), cast(b, dtypes.bool_))
 
+
+# Rounding and exact division build on the operations above; their module imports this one, so it
+# is imported last, and its functions are this module's too (m.floor, m.remainder, ...).
+from metagraph.ops.rounding import (ceil, floor, floor_divide, remainder, round,  # noqa: E402, F401
+                                    rounded_division, trunc)

@@ -1,6 +1,6 @@
 """Movement: every reshape, permutation, slice, pad or tiling is a `reindex` view (no copy)."""
 from metagraph import dtypes
-from metagraph.errors import ArgumentError, IndexOutOfRange, ShapeError, fail
+from metagraph.errors import ArgumentError, IndexOutOfRange, ShapeError, Unsupported, fail
 from metagraph.expr import Const, Var, binary, reshape_map
 from metagraph.ops import math as m
 from metagraph.ops.recorded import recorded
@@ -173,6 +173,9 @@ def _reflect(i, n):
 def pad(x, pad, mode="constant", value=0.0):
     """PyTorch's F.pad: `pad` lists (before, after) pairs from the last dimension backwards."""
     pad = tuple(pad)
+    if mode not in ("constant", "reflect", "replicate", "circular"):
+        fail(Unsupported, "pad", f"unknown mode {mode!r}; expected constant, reflect, replicate or "
+                                 "circular")
     if len(pad) % 2 or len(pad) // 2 > x.ndim:
         fail(ShapeError, "pad", f"padding {pad} must be pairs for at most {x.ndim} dimensions")
     pairs = {x.ndim - 1 - k: (pad[2 * k], pad[2 * k + 1]) for k in range(len(pad) // 2)}
@@ -190,11 +193,11 @@ def pad(x, pad, mode="constant", value=0.0):
                 i = _reflect(i, size)
             elif mode == "replicate":
                 i = binary("min", binary("max", i, 0), size - 1)
-            elif mode == "circular":
-                i = i % size
             else:
-                fail(ArgumentError, "pad", f"unknown mode {mode!r}; expected constant, reflect, "
-                                        "replicate or circular")
+                if before > size or after > size:
+                    fail(ShapeError, "pad", f"circular padding {pad} wraps around dimension {d} of "
+                                            f"{x.shape} more than once")
+                i = i % size
         shape.append(out)
         index_map.append(i)
     return view(x, shape, index_map, fill=m.scalar_in(value, x.dtype, "pad"))

@@ -20,12 +20,44 @@ _ids = itertools.count()
 
 
 class _Building(threading.local):
-    """Per thread: where the nodes being built now are created, if known. A class default, not
+    """Per thread: where the nodes being built now are created, if known, and the outermost
+    composite being built (cross_entropy, not the gather inside it). Class defaults, not
     getattr(..., None): a missing thread-local attribute costs a caught AttributeError per node."""
     location = None
+    composite = None
 
 
 _building = _Building()
+
+
+def labelled(node, own):
+    """`node` (a checked reindex), whose run-time errors name the outermost composite being built
+    (set by the composites' wrapper, ops/recorded.py: cross_entropy, not the gather inside it),
+    else `own`, its caller's name. Only checked nodes carry the label: no other node pays for it."""
+    node.composite = _building.composite or own
+    return node
+
+
+def current_composite():
+    """The outermost composite being built on this thread, or None."""
+    return _building.composite
+
+
+def built_as(name, composite, args, kwargs):
+    """composite(*args, **kwargs), whose run-time checks report `name` unless a composite outside
+    it is being built already."""
+    if _building.composite is not None:
+        return composite(*args, **kwargs)
+    _building.composite = name
+    try:
+        return composite(*args, **kwargs)
+    finally:
+        _building.composite = None
+
+
+def reported_op(node):
+    """The op a run-time error of `node` names: the composite its check was built for, if any."""
+    return getattr(node, "composite", None) or node.op
 
 
 def current_location():
@@ -48,7 +80,8 @@ def located(location):
 class Node:
     """One meta-op application in the lazy graph."""
     __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "location", "requires_grad", "leaf",
-                 "buffer", "owner", "id", "signature", "__weakref__")
+                 "buffer", "owner", "id", "signature", "released", "composite",
+                 "__weakref__")     # `composite`: set on checked nodes only (`labelled`)
 
     def __init__(self, op, inputs, attrs, shape, dtype, requires_grad=None, buffer=None, location=None):
         self.op = op
@@ -70,6 +103,7 @@ class Node:
         self.owner = None                # weak reference to the leaf Tensor that owns this node
         self.id = next(_ids)
         self.signature = None            # signature(self), computed once when needed
+        self.released = False            # a backward pass walked it without retain_graph
 
     @property
     def ndim(self):

@@ -15,7 +15,8 @@ is called again every time.
 import functools
 
 from metagraph.dtypes import DType
-from metagraph.ops.node import GradMode, Node, current_location, fresh_id, signature
+from metagraph.ops.node import (GradMode, Node, built_as, current_composite, current_location, fresh_id,
+                                signature)
 
 TEMPLATE_CACHE_SIZE = 8192
 _TEMPLATES = {}        # call signature -> Template, or _CALL when the composite must be called
@@ -36,17 +37,17 @@ def recorded(composite):
             if kwargs:
                 key += (_describe(kwargs, nodes),)
         except _Unkeyable:
-            return composite(*args, **kwargs)
+            return built_as(composite.__name__, composite, args, kwargs)
         template = _TEMPLATES.get(key)
         if template is _CALL:
-            return composite(*args, **kwargs)
+            return built_as(composite.__name__, composite, args, kwargs)
         if template is not None:
             return template.replay(nodes)
         start = fresh_id()
-        result = composite(*args, **kwargs)
+        result = built_as(composite.__name__, composite, args, kwargs)
         if len(_TEMPLATES) >= TEMPLATE_CACHE_SIZE:
             _TEMPLATES.pop(next(iter(_TEMPLATES)))
-        _TEMPLATES[key] = _record(result, nodes, start)
+        _TEMPLATES[key] = _record(result, nodes, start, composite.__name__)
         return result
     return call
 
@@ -87,8 +88,10 @@ class Template:
         self.result = result          # the composite's result with slot numbers in place of nodes
 
     def replay(self, arguments):
+        """The nodes rebuilt from the call's node arguments, a list the slots are appended to."""
         location = current_location()
-        slots = arguments + self.constants
+        slots = arguments
+        slots += self.constants
         for op, attrs, shape, dtype, requires_grad, leaf, node_signature, sources in self.steps:
             node = Node(op, [slots[k] for k in sources], attrs, shape, dtype, requires_grad,
                         location=location)
@@ -98,8 +101,26 @@ class Template:
         return _filled(self.result, slots)
 
 
-def _record(result, arguments, start):
-    """The Template of a call that began when node ids reached `start`, or _CALL."""
+class CheckedTemplate(Template):
+    """A template that builds checked nodes (gather, embedding, cross_entropy's targets): their
+    run-time errors name the composite recorded, or the composite outside it when it is replayed
+    inside another's call (as node.labelled does). Other templates pay nothing for this."""
+
+    def __init__(self, steps, constants, result, name, checked):
+        super().__init__(steps, constants, result)
+        self.name, self.checked = name, checked      # slots of the checked nodes
+
+    def replay(self, arguments):
+        result = Template.replay(self, arguments)      # leaves every slot in `arguments`
+        name = current_composite() or self.name
+        for k in self.checked:
+            arguments[k].composite = name
+        return result
+
+
+def _record(result, arguments, start, name):
+    """The Template of a call of composite `name` that began when node ids reached `start`, or
+    _CALL."""
     slot = {id(node): k for k, node in enumerate(arguments)}
     built, constants, stack = {}, [], []
     try:
@@ -126,7 +147,11 @@ def _record(result, arguments, start):
     steps = tuple((node.op, node.attrs, node.shape, node.dtype, node.requires_grad, node.leaf,
                    signature(node), tuple(slot[id(source)] for source in node.inputs))
                   for node in order)
-    return Template(steps, constants, _numbered(structure, slot))
+    result = _numbered(structure, slot)
+    checked = [first + k for k, node in enumerate(order) if getattr(node, "composite", None)]
+    if checked:
+        return CheckedTemplate(steps, constants, result, name, checked)
+    return Template(steps, constants, result)
 
 
 def _slotted(result, stack):

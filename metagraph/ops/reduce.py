@@ -48,16 +48,32 @@ def mean(x, dim=None, keepdim=False, dtype=None):
     return _reduce(x, "add", axes, keepdim) / _count(x, axes)
 
 
+def _nonempty(op, x, axes):
+    """Fail, naming `op`, where a maximum or minimum would be taken over an empty dimension (it
+    has no identity: PyTorch raises too)."""
+    for a in axes:
+        if x.shape[a] == 0:
+            fail(IndexOutOfRange, op, f"cannot reduce over dimension {a} of size 0 (input shape "
+                                      f"{x.shape}): the maximum or minimum of nothing is undefined")
+
+
 @recorded
 def amax(x, dim=None, keepdim=False):
     axes = normalize_dims("amax", x.ndim, dim)
-    if builtins.any(x.shape[a] == 0 for a in axes):
-        fail(IndexOutOfRange, "amax", f"cannot reduce an empty dimension of shape {x.shape}")
+    _nonempty("amax", x, axes)
     return _reduce(x, "max", axes, keepdim)
+
+
+def peak(x, dim):
+    """The maximum over dim, kept as size 1 and cut from autograd: the shift that keeps exp()
+    finite in softmax and logsumexp. Over an empty dimension it is the dtype's minimum, and
+    those are empty or -inf, as in PyTorch."""
+    return detach(_reduce(x, "max", normalize_dims("max", x.ndim, dim), True))
 
 
 @recorded
 def amin(x, dim=None, keepdim=False):
+    _nonempty("amin", x, normalize_dims("amin", x.ndim, dim))
     if x.dtype.is_float:
         return -amax(-x, dim, keepdim)
     return m.bitwise_not(amax(m.bitwise_not(x), dim, keepdim))   # exact for every integer
@@ -67,12 +83,13 @@ def _is_nan(x):
     return m.ne(x, x) if x.dtype.is_float else m.const(False, x.shape, dtypes.bool_)
 
 
-def _arg_extreme(x, dim, keepdim, extreme):
+def _arg_extreme(op, x, dim, keepdim, extreme):
     if dim is None:
-        return _arg_extreme(reshape(x, (-1,)), 0, False, extreme)
-    dim = normalize_dim("argmax", x.ndim, dim)
+        return _arg_extreme(op, reshape(x, (-1,)), 0, False, extreme)
+    dim = normalize_dim(op, x.ndim, dim)
     if x.ndim == 0:
         return m.const(0, (), dtypes.int64)
+    _nonempty(op, x, (dim,))
     best = unreduce(detach(extreme(x, dim, True)), x.shape, (dim,), True)
     hit = m.logical_or(m.eq(x, best), _is_nan(x))       # NaN wins, as in PyTorch
     position = apply("index", shape=x.shape, axis=dim, dtype=dtypes.int64)
@@ -82,12 +99,12 @@ def _arg_extreme(x, dim, keepdim, extreme):
 @recorded
 def argmax(x, dim=None, keepdim=False):
     """Index of the first maximum."""
-    return _arg_extreme(x, dim, keepdim, amax)
+    return _arg_extreme("argmax", x, dim, keepdim, amax)
 
 
 @recorded
 def argmin(x, dim=None, keepdim=False):
-    return _arg_extreme(x, dim, keepdim, amin)
+    return _arg_extreme("argmin", x, dim, keepdim, amin)
 
 
 def _values_at(x, dim, index, keepdim):
@@ -100,10 +117,12 @@ def _values_at(x, dim, index, keepdim):
 
 def _extreme_along(op, x, dim, keepdim, whole, arg):
     if dim is None:
+        _nonempty(op, x, range(x.ndim))
         return whole(x)
     dim = normalize_dim(op, x.ndim, dim)
     if x.ndim == 0:
         return x, m.const(0, (), dtypes.int64)
+    _nonempty(op, x, (dim,))
     indices = arg(x, dim, keepdim)
     return _values_at(x, dim, indices, keepdim), indices
 
@@ -140,10 +159,10 @@ def std(x, dim=None, correction=1, keepdim=False, unbiased=None):
 def logsumexp(x, dim=None, keepdim=False):
     x = m.floating(x)
     axes = normalize_dims("logsumexp", x.ndim, dim)
-    peak = detach(amax(x, axes, True))
-    peak = m.where(m.eq(m.abs_(peak), float("inf")), 0.0, peak)
-    total = _reduce(m.exp(x - unreduce(peak, x.shape, axes, True)), "add", axes, True)
-    result = m.log(total) + peak
+    shift = peak(x, axes)
+    shift = m.where(m.eq(m.abs_(shift), float("inf")), 0.0, shift)
+    total = _reduce(m.exp(x - unreduce(shift, x.shape, axes, True)), "add", axes, True)
+    result = m.log(total) + shift
     if keepdim:
         return result
     return reshape(result, tuple(s for d, s in enumerate(x.shape) if d not in axes))

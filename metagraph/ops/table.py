@@ -12,7 +12,8 @@ from typing import Callable, Optional
 
 from metagraph import dtypes
 from metagraph.errors import DTypeError, MetagraphError, ShapeError, at, user_location
-from metagraph.expr import Binary, Const, Select, Var, extras_used, linear_terms, reshape_map, variables
+from metagraph.expr import (Binary, Const, Select, Var, check_int64, extras_used, linear_terms, reshape_map,
+                           variables)
 from metagraph.ops.node import Node
 
 SOURCE, ELEMENTWISE, REDUCE, VIEW, SCATTER, NOT_MATH = (
@@ -114,14 +115,17 @@ def reduce_shape(inputs, attrs):
     return tuple(s for d, s in enumerate(x.shape) if d not in axes)
 
 
-def _check_map(index_map, num_dims, num_vars, num_extras):
+def _check_map(index_map, num_dims, extents, num_extras):
+    """The map has an expression per dimension, over loop variables in [0, extents[k]), reading
+    extras that exist, and no index arithmetic that can leave int64."""
     if len(index_map) != num_dims:
         raise ShapeError(f"index map has {len(index_map)} expressions for {num_dims} dimensions")
     for expr in index_map:
-        if any(v >= num_vars for v in variables(expr)):
-            raise ShapeError(f"index expression {expr} reads a loop variable beyond i{num_vars - 1}")
+        if any(v >= len(extents) for v in variables(expr)):
+            raise ShapeError(f"index expression {expr} reads a loop variable beyond i{len(extents) - 1}")
         if any(e >= num_extras for e in extras_used(expr)):
             raise ShapeError(f"index expression {expr} reads an extra that was not given")
+        check_int64(expr, extents)
 
 
 def _check_extras(extras):
@@ -132,7 +136,7 @@ def _check_extras(extras):
 def reindex_shape(inputs, attrs):
     x, extras = inputs[0], inputs[1:]
     shape = attr_shape(inputs, attrs)
-    _check_map(attrs["index_map"], x.ndim, len(shape), len(extras))
+    _check_map(attrs["index_map"], x.ndim, shape, len(extras))
     _check_extras(extras)
     return shape
 
@@ -142,7 +146,7 @@ def reindex_reduce_shape(inputs, attrs):
     if attrs["op"] not in ("add", "max"):
         raise MetagraphError(f"op must be add or max, got {attrs['op']!r}")
     shape = attr_shape(inputs, attrs)
-    _check_map(attrs["index_map"], len(shape), x.ndim, len(extras))
+    _check_map(attrs["index_map"], len(shape), x.shape, len(extras))
     _check_extras(extras)
     return shape
 
@@ -209,13 +213,15 @@ def reduce_grad(g, y, x):
 
 
 def reindex_grad(g, y, x, *extras):
-    """A scatter back; for a reshape, a broadcast or an injective affine view, a cheaper view."""
-    index_map = y.attrs["index_map"]
-    inverse = None if extras else inverse_view(g, x.shape, y.shape, index_map)
+    """A scatter back; for a reshape, a broadcast or an injective affine view, a cheaper view. A
+    checked read's scatter is checked too: the gradient may run without the forward value, and an
+    index out of range must raise there as well, not drop its gradient."""
+    index_map, checked = y.attrs["index_map"], y.attrs["checked"]
+    inverse = None if extras or checked else inverse_view(g, x.shape, y.shape, index_map)
     if inverse is not None:
         return (inverse,)
     scatter = apply("reindex_reduce", g, *extras, op="add", shape=x.shape, index_map=index_map,
-                    checked=False)
+                    checked=checked)
     return (scatter,) + (None,) * len(extras)
 
 
@@ -278,16 +284,25 @@ def _shifted_scatter(g, shape, index_map):
 
 
 def reindex_reduce_grad(g, y, x, *extras):
+    """A gather back (checked where the scatter is, as in reindex_grad)."""
     attrs = y.attrs
     gather = lambda node, fill: apply("reindex", node, *extras, shape=x.shape,  # noqa: E731
-                                      index_map=attrs["index_map"], fill=fill, checked=False)
+                                      index_map=attrs["index_map"], fill=fill, checked=attrs["checked"])
     if attrs["op"] == "add":
         return (gather(g, 0),) + (None,) * len(extras)
     inside = gather(apply("const", value=True, shape=y.shape, dtype=dtypes.bool_), False)
     not_max = where(inside, cmpne(x, gather(y, 0)), True)
     count = apply("reindex_reduce", where(not_max, 0.0, 1.0, x.dtype), *extras, op="add", shape=y.shape,
-                  index_map=attrs["index_map"], checked=False)
+                  index_map=attrs["index_map"], checked=attrs["checked"])
     return (where(not_max, 0.0, gather(g / count, 0)),) + (None,) * len(extras)
+
+
+def pow_grad(g, y, x, e):
+    """PyTorch's: e * x ** (e - 1), zero where e is 0; y * ln(x), zero where x is 0 and e >= 0."""
+    dx = where(cmpne(e, 0), g * e * apply("pow", x, e - 1.0), 0.0)
+    de = g * y * apply("log2", x) * LN2
+    at_zero = where(cmplt(full(0, e), e), 0.0, where(cmpne(e, 0), de, 0.0))     # 0 where e >= 0
+    return dx, where(cmpne(x, 0), de, at_zero)
 
 
 def unary(name, dtype_rule, grad, doc):
@@ -308,7 +323,7 @@ ROWS = [
     unary("sqrt", floating, lambda g, y, x: (g / (y * 2),), "square root"),
     unary("exp2", floating, lambda g, y, x: (g * y * LN2,), "2**x"),
     unary("log2", floating, lambda g, y, x: (g / (x * LN2),), "log base 2"),
-    unary("sin", floating, lambda g, y, x: (g * apply("sin", x + math.pi / 2),), "sine"),
+    unary("sin", floating, lambda g, y, x: (g * apply("cos", x),), "sine"),
     MetaOp("cast", ELEMENTWISE, "x", ("dtype",), same_shape, attr_dtype,
            lambda g, y, x: (apply("cast", g, dtype=x.dtype) if x.dtype.is_float else None,),
            "convert to dtype (float to int truncates toward zero)"),
@@ -330,6 +345,13 @@ ROWS = [
            "out[index_map(i)] op= x[i] (add from 0, max from the dtype's minimum); "
            "out-of-bounds targets are skipped (an error when checked)"),
     # Rows beyond the core, each for a reason:
+    unary("cos", floating, lambda g, y, x: (-g * apply("sin", x),),
+          "cosine: sin(x + pi/2) rounds x + pi/2 (0.03 off at |x| = 1e6 in float32, not even in x); "
+          "libm's cos reduces the argument exactly"),
+    binary("pow", floating, pow_grad,
+           "x ** e with C's special values (exact integer powers of negative bases, 0 ** -0.3 = inf, "
+           "(-inf) ** 0.3 = inf), which exp2(e * log2 |x|) does not give, nor, by the chain rule, "
+           "PyTorch's gradients at 0 and inf"),
     binary("idiv", integer, None,
            "integer floor division: exact for int64, which no float composition gives"),
     binary("mod", integer, None, "integer remainder with the divisor's sign, exact as idiv"),

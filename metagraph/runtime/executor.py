@@ -5,7 +5,8 @@ import time
 import numpy as np
 
 from metagraph import flags
-from metagraph.errors import MetagraphError, at
+from metagraph.errors import MetagraphError, OutOfMemory, at
+from metagraph.ops.node import reported_op
 from metagraph.runtime import profiler
 from metagraph.runtime.pool import Pool
 
@@ -15,15 +16,17 @@ SLACK_BYTES = 128
 POOL = Pool()
 
 
-def run(graph, steps, functions, sources, oracle=None, seconds=None):
+def run(graph, steps, functions, sources, oracle=None, seconds=None, explain=None):
     """Launch every step; returns every array computed or read, by graph position (and appends
-    each launch's time to `seconds`, a list, when given)."""
+    each launch's time to `seconds`, a list, when given). When a kernel reports a failed check,
+    `explain(graph, step, buffers)` may raise the error with more detail than the kernel gives
+    (the offending index)."""
     buffers = {k: node.buffer for k, node in enumerate(graph.nodes) if node.buffer is not None}
     report = profiler.current()
     error = np.zeros(1, dtype=np.int64)
     for step, function, source in zip(steps, functions, sources):
         node = graph.nodes[step.positions[0]]
-        out = allocate(node.shape, node.dtype.np)
+        out = allocate(node.shape, node.dtype.np, node)
         buffers[step.positions[0]] = out
         arrays = [buffers[k] for k in step.positions]
         start = time.perf_counter()
@@ -38,6 +41,8 @@ def run(graph, steps, functions, sources, oracle=None, seconds=None):
         if flags.DEBUG:
             print(f"metagraph: {step.name} {elapsed * 1e6:.0f} us", file=sys.stderr)
         if error[0]:
+            if explain is not None:
+                explain(graph, step, buffers)
             _raise(graph, step, int(error[0]))
         if oracle is not None:
             oracle(graph, step, buffers, source)
@@ -54,15 +59,20 @@ def empty_cache():
     POOL.release()
 
 
-def allocate(shape, dtype):
+def allocate(shape, dtype, node=None):
     """An uninitialised array of `shape` and `dtype`, followed by SLACK_BYTES zero bytes (every
-    itemsize divides SLACK_BYTES)."""
-    return POOL.take(shape, dtype, SLACK_BYTES)
+    itemsize divides SLACK_BYTES); for `node`'s value, which an allocation that fails names."""
+    try:
+        return POOL.take(shape, dtype, SLACK_BYTES)
+    except OutOfMemory as error:
+        if node is None:
+            raise
+        raise OutOfMemory(f"{reported_op(node)}: {error} for a {node.dtype.name} value of shape {node.shape} "
+                          f"(node created at {at(node.location)})") from None
 
 
 def _raise(graph, step, site):
     if site < 0 or site > len(step.sites):
         raise MetagraphError(f"kernel {step.name}: an index expression divided by zero")
     kind, message, position = step.sites[site - 1]
-    where = at(graph.nodes[position].location)
-    raise kind(f"{message} (node created at {where}; kernel {step.name})")
+    raise kind(f"{message} (node created at {at(graph.nodes[position].location)}; kernel {step.name})")

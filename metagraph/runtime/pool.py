@@ -13,6 +13,8 @@ import weakref
 
 import numpy as np
 
+from metagraph.errors import OutOfMemory
+
 POOLED_MIN = 256 * 1024      # smaller arrays come from malloc's heap, whose pages stay mapped
 POOL_MAX = 1 << 30           # bytes the pool may hold, in use or free
 
@@ -88,6 +90,9 @@ class Pool:
 
 def _zero_tailed(nbytes, slack):
     """A fresh byte array whose last `slack` bytes are zero (the rest uninitialised)."""
-    raw = np.empty(nbytes, np.uint8)
+    try:
+        raw = np.empty(nbytes, np.uint8)
+    except (MemoryError, ValueError):         # ValueError: more bytes than an address can reach
+        raise OutOfMemory(f"cannot allocate {nbytes} bytes ({nbytes / 2 ** 30:.1f} GiB)") from None
     raw[nbytes - slack:] = 0
     return raw

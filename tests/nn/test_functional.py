@@ -277,3 +277,29 @@ def test_dropout_gradient_with_a_fixed_mask():
 def test_conv_sums_only_taps_that_read_the_input(x, w, conv, taps):
     out = F.conv2d(mg.rand(*x), mg.rand(*w), **conv)
     assert out.node.op == "reduce" and out.node.inputs[0].shape[-2:] == taps
+
+
+@pytest.mark.parametrize("size, align_corners", [((5, 7), False), ((5, 7), True), ((13, 5), False),
+                                                 ((3, 2), True), ((4, 9), False), ((6, 4), False)])
+def test_bilinear_resize_of_uint8_images_gives_pytorchs_bytes(size, align_corners):
+    torch = pytest.importorskip("torch")
+    image = np.random.default_rng(3).integers(0, 256, (2, 3, 4, 6)).astype(np.uint8)
+    want = torch.nn.functional.interpolate(torch.tensor(image), size=size, mode="bilinear",
+                                           align_corners=align_corners).numpy()
+    got = F.interpolate(mg.tensor(image), size=size, mode="bilinear", align_corners=align_corners)
+    assert got.dtype == mg.uint8
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_bilinear_resize_of_uint8_by_a_scale_factor_gives_pytorchs_bytes():
+    torch = pytest.importorskip("torch")
+    image = np.random.default_rng(4).integers(0, 256, (1, 3, 7, 9)).astype(np.uint8)
+    for scale in (2.0, 1.5, 0.5):
+        want = torch.nn.functional.interpolate(torch.tensor(image), scale_factor=scale, mode="bilinear")
+        got = F.interpolate(mg.tensor(image), scale_factor=scale, mode="bilinear")
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_an_interpolation_mode_not_implemented_is_not_implemented_error():
+    with pytest.raises(NotImplementedError, match="interpolate: mode must be 'nearest' or 'bilinear'"):
+        F.interpolate(mg.ones(1, 1, 2, 2), size=3, mode="bicubic")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import metagraph as mg
-from tests.helpers import Case, case_tests
+from tests.helpers import Case, case_tests, needs
 
 R = np.random.default_rng(9)
 X = R.uniform(-1, 1, (4, 5, 6))
@@ -206,3 +206,46 @@ def test_setitem_takes_lists_and_arrays_as_pytorch_does():
     np.testing.assert_array_equal(x.numpy(), [[1, 2], [3, 4], [0, 5]])
     with pytest.raises(mg.ShapeError, match="setitem"):
         x[0] = [1, 2, 3]
+
+
+OUT_OF_RANGE = {
+    "gather": lambda x, i: x.gather(1, mg.tensor([[i]])),
+    "scatter_add": lambda x, i: x.scatter_add(1, mg.tensor([[i]]), mg.ones(1, 1, dtype=mg.float64)),
+    "index_select": lambda x, i: x.index_select(1, mg.tensor([i])),
+    "index_add": lambda x, i: x.index_add(1, mg.tensor([i]), mg.ones(3, 1, dtype=mg.float64)),
+    "one_hot": lambda x, i: mg.one_hot(mg.tensor([0, i]), 4),
+}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "c", "llvm", "bang"])
+@pytest.mark.parametrize("op", sorted(OUT_OF_RANGE))
+@pytest.mark.parametrize("index", [-1, 4])
+def test_a_negative_or_too_large_index_is_an_error_as_in_pytorch(backend, op, index):
+    needs(backend)
+    mg.set_backend(backend)
+    with pytest.raises(IndexError, match=rf"^{op}: .*out of bounds"):
+        OUT_OF_RANGE[op](mg.tensor(np.zeros((3, 4))), index).numpy()
+
+
+def test_indexing_with_a_tensor_wraps_negative_indices_as_pytorch_does():
+    x = mg.tensor(X)
+    np.testing.assert_array_equal(x[mg.tensor([-1, -4])].numpy(), X[[-1, -4]])
+    x[mg.tensor([-1])] = 0.0
+    assert not x.numpy()[-1].any()
+
+
+def test_one_hot_rejects_what_it_cannot_infer():
+    with pytest.raises(ValueError, match="one_hot: cannot infer the number of classes from an empty"):
+        mg.one_hot(mg.tensor(np.zeros(0, np.int64)))
+    assert mg.one_hot(mg.tensor(np.zeros(0, np.int64)), 3).shape == (0, 3)
+
+
+@pytest.mark.parametrize("shape, key, match", [
+    ((3,), lambda: mg.tensor([True, False]), r"mask \[2\] at index 0 does not match .* \[3\]"),
+    ((10,), lambda: [True, False], r"mask \[2\] at index 0 does not match .* \[10\]"),
+    ((2, 3, 4), lambda: (0, mg.tensor(np.ones((3, 3), bool))), r"mask \[3, 3\] at index 1"),
+])
+def test_a_bool_mask_must_have_the_shape_of_the_dimensions_it_indexes(shape, key, match):
+    with pytest.raises(IndexError, match=match):
+        mg.zeros(*shape)[key()]
+    assert mg.arange(10.0)[[True] * 10].shape == (10,)

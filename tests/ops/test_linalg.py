@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import metagraph as mg
-from tests.helpers import Case, case_tests
+from tests.helpers import Case, case_tests, needs
 
 R = np.random.default_rng(2)
 
@@ -46,3 +46,20 @@ def test_shape_errors(a, b, match):
 def test_dtype_mismatch():
     with pytest.raises(TypeError, match="same dtype"):
         mg.ones(2, 2) @ mg.ones(2, 2, dtype=mg.float64)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "c", "llvm", "bang"])
+@pytest.mark.parametrize("a_shape, b_shape", [((8, 8), (8, 0)), ((0, 8), (8, 8)), ((8, 0), (0, 8)),
+                                              ((2, 0, 3), (3, 5)), ((64, 0), (0, 256))])
+def test_matmul_with_a_zero_size_dimension_and_its_gradients(backend, a_shape, b_shape):
+    """A value with no elements needs no kernel; a sum over nothing is 0."""
+    needs(backend)
+    mg.set_backend(backend)
+    a = mg.tensor(R.standard_normal(a_shape), requires_grad=True)
+    b = mg.tensor(R.standard_normal(b_shape), requires_grad=True)
+    out = a @ b
+    (out * mg.tensor(R.standard_normal(out.shape))).sum().backward()
+    np.testing.assert_array_equal(out.numpy(), np.zeros(a_shape[:-1] + b_shape[-1:]))
+    assert a.grad.shape == a_shape and b.grad.shape == b_shape
+    np.testing.assert_array_equal(a.grad.numpy(), np.zeros(a_shape))
+    np.testing.assert_array_equal(b.grad.numpy(), np.zeros(b_shape))

@@ -98,3 +98,19 @@ test_forward, test_gradient = case_tests(CASES, float32=False)
 def test_errors_name_the_op(bad, match):
     with pytest.raises(mg.MetagraphError, match=match):
         bad(mg.tensor(X))
+
+
+def test_circular_padding_wraps_around_at_most_once_as_in_pytorch():
+    x = mg.tensor(np.arange(6.0).reshape(1, 2, 3))
+    np.testing.assert_array_equal(mg.nn.functional.pad(x, (3, 0), mode="circular").numpy()[0, 0],
+                                  [0, 1, 2, 0, 1, 2])
+    with pytest.raises(mg.ShapeError, match="pad: circular padding .* more than once"):
+        mg.nn.functional.pad(x, (4, 0), mode="circular")
+    with pytest.raises(mg.ShapeError, match="more than once"):
+        mg.nn.functional.pad(x, (0, 0, 0, 3), mode="circular")
+
+
+def test_an_unknown_padding_mode_is_not_implemented():
+    with pytest.raises(NotImplementedError, match="pad: unknown mode 'wrap'") as error:
+        mg.nn.functional.pad(mg.ones(2, 3), (0, 0), mode="wrap")
+    assert isinstance(error.value, mg.MetagraphError)

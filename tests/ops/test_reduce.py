@@ -107,3 +107,25 @@ def test_bad_dim_names_the_op(dim):
 def test_logsumexp_of_all_minus_inf_is_minus_inf():
     x = mg.tensor([[-np.inf, -np.inf], [0.0, -np.inf]])
     np.testing.assert_array_equal(x.logsumexp(1).numpy(), [-np.inf, 0.0])
+
+
+@pytest.mark.parametrize("op, call", [
+    ("argmax", lambda x: mg.argmax(x)),
+    ("argmin", lambda x: x.argmin(1)),
+    ("max", lambda x: x.max()),
+    ("max", lambda x: x.max(1)),
+    ("min", lambda x: x.min(1)),
+    ("amin", lambda x: x.amin(1)),
+    ("amax", lambda x: x.amax(1)),
+])
+def test_a_maximum_or_minimum_over_an_empty_dimension_names_its_op(op, call):
+    with pytest.raises(IndexError, match=rf"^{op}: cannot reduce over dimension \d of size 0"):
+        call(mg.zeros(3, 0))
+
+
+def test_sums_over_an_empty_dimension_are_the_identity_and_softmax_of_nothing_is_empty():
+    x = mg.zeros(3, 0)
+    assert x.sum(1).tolist() == [0, 0, 0] and x.prod(1).tolist() == [1, 1, 1]
+    assert mg.logsumexp(x, 1).tolist() == [-np.inf] * 3            # as PyTorch's
+    assert mg.nn.functional.softmax(x, 1).shape == (3, 0)
+    assert mg.nn.functional.log_softmax(mg.zeros(0, 4), 0).shape == (0, 4)

@@ -62,6 +62,8 @@ ROW_CASES = {
     "exp2": (row("exp2"), np.exp2, [f64(3, 4)]),
     "log2": (row("log2"), np.log2, [f64(3, 4, low=0.1)]),
     "sin": (row("sin"), np.sin, [f64(3, 4, low=-4, high=4)]),
+    "cos": (row("cos"), np.cos, [f64(3, 4, low=-4, high=4)]),
+    "pow": (row("pow"), np.power, [f64(3, 4, low=0.1), f64(3, 4)]),
     "cast": (row("cast", dtype=mg.float32), lambda x: x.astype(np.float32), [f64(3, 4)]),
     "add": (row("add"), np.add, [f64(3, 4), f64(3, 4)]),
     "mul": (row("mul"), np.multiply, [f64(3, 4), f64(3, 4)]),

@@ -26,11 +26,15 @@ extern float log2f(float);
 #pragma omp declare simd notinbranch
 extern float sinf(float);
 #pragma omp declare simd notinbranch
+extern float cosf(float);
+#pragma omp declare simd notinbranch
 extern double exp2(double);
 #pragma omp declare simd notinbranch
 extern double log2(double);
 #pragma omp declare simd notinbranch
 extern double sin(double);
+#pragma omp declare simd notinbranch
+extern double cos(double);
 #endif
 
 #define __mlu_entry__
@@ -120,7 +124,7 @@ static inline void __scatter(void *dst, const void *src, const int64_t *offsets,
     MG_COMPARE(mg_lt, T, s, x < y) \
     MG_COMPARE(mg_ne, T, s, x != y) \
     MG_UNARY(mg_neg, T, s, -x) \
-    MG_UNARY(mg_active_relu, T, s, x > (T)0 ? x : (T)0) \
+    MG_UNARY(mg_active_relu, T, s, (x > (T)0 || MG_NAN(T, x)) ? x : (T)0) \
     MG_REDUCE(mg_reduce_sum, T, s, 0, "omp simd reduction(+:r)", r += x) \
     MG_REDUCE(mg_reduce_mul, T, s, 1, "omp simd reduction(*:r)", r *= x) \
     static inline void mg_reduce_max_##s(T *d, T *a, int64_t n) { /* NaN wins */ \
@@ -164,7 +168,9 @@ static inline void __scatter(void *dst, const void *src, const int64_t *offsets,
     MG_UNARY(mg_active_sqrt, T, s, (T)sqrt##suffix((F)x)) \
     MG_UNARY(mg_active_exp2, T, s, (T)exp2##suffix((F)x)) \
     MG_UNARY(mg_active_log2, T, s, (T)log2##suffix((F)x)) \
-    MG_UNARY(mg_active_sin, T, s, (T)sin##suffix((F)x))
+    MG_UNARY(mg_active_sin, T, s, (T)sin##suffix((F)x)) \
+    MG_UNARY(mg_active_cos, T, s, (T)cos##suffix((F)x)) \
+    MG_BINARY(mg_pow, T, s, (T)pow##suffix((F)x, (F)y))
 
 MG_ALL_TYPES(uint8_t, u8)
 MG_ALL_TYPES(int8_t, i8)
@@ -199,6 +205,8 @@ MG_FLOAT_TYPES(double, f64, double, )
 #define __bang_active_exp2(d, a, n) MG_GENERIC_FLOAT(mg_active_exp2, d)(d, a, n)
 #define __bang_active_log2(d, a, n) MG_GENERIC_FLOAT(mg_active_log2, d)(d, a, n)
 #define __bang_active_sin(d, a, n) MG_GENERIC_FLOAT(mg_active_sin, d)(d, a, n)
+#define __bang_active_cos(d, a, n) MG_GENERIC_FLOAT(mg_active_cos, d)(d, a, n)
+#define __bang_pow(d, a, b, n) MG_GENERIC_FLOAT(mg_pow, d)(d, a, b, n)
 #define __bang_band(d, a, b, n) MG_GENERIC_INT(mg_band, d)(d, a, b, n)
 #define __bang_bor(d, a, b, n) MG_GENERIC_INT(mg_bor, d)(d, a, b, n)
 #define __bang_bxor(d, a, b, n) MG_GENERIC_INT(mg_bxor, d)(d, a, b, n)

@@ -1,4 +1,4 @@
-void r_2x4x6x6_c6af2e61(char **restrict args, int64_t *restrict err) {
+void r_2x4x6x6_df16d2d9(char **restrict args, int64_t *restrict err) {
     float *restrict p0 = (float *)args[0];
     const float *restrict p1 = (const float *)args[1];
     const float *restrict p2 = (const float *)args[2];
@@ -32,8 +32,10 @@ void r_2x4x6x6_c6af2e61(char **restrict args, int64_t *restrict err) {
                         float t5 = p3[((i1 * 4) + i7)];
                         float t6 = (acc[(i3 + (i7 * 6))] + t5);
                         uint8_t t7 = (((float)0.0) < t6);
-                        float t8 = (t7 ? t6 : ((float)0.0));
-                        p0[(((((i0 * 144) + (i1 * 144)) + (i2 * 6)) + i3) + (i7 * 36))] = t8;
+                        uint8_t t8 = (t6 != t6);
+                        uint8_t t9 = (t7 | t8);
+                        float t10 = (t9 ? t6 : ((float)0.0));
+                        p0[(((((i0 * 144) + (i1 * 144)) + (i2 * 6)) + i3) + (i7 * 36))] = t10;
                     }
                 }
             }
