@@ -203,6 +203,10 @@ class Tensor:
                 continue
             grad = Tensor(grads[leaf.id])
             owner.grad = grad if owner.grad is None else Tensor(m.add(owner.grad.node, grad.node))
+        # The root's value is computed with the next realisation (the optimizer's step), as PyTorch
+        # has it by now: otherwise `total = total + loss.detach()` kept every step's forward graph
+        # pending, and total.item() computed them all at once (48 s after 100 steps).
+        backend.defer(self)
 
     # ---- in-place updates -------------------------------------------------------------------
     def _replace(self, node, check_leaf=True, keep_type=True):
