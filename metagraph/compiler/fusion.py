@@ -9,7 +9,8 @@ The rules, in the order they apply:
   read with a stride along the output row is packed into a panel (`nest.py`);
 - views (`reindex`, `const`, `index`) and element-wise nodes are inlined into their consumers;
 - an element-wise node read by more than one consumer is recomputed in each if it is cheap
-  (cost <= CHEAP_COST), materialised otherwise;
+  (cost <= CHEAP_COST), materialised otherwise, unless every consumer is element-wise and they all
+  end in one kernel, which then computes it once per position (`_computed_once`);
 - a computed value read through an expanding reindex (a broadcast or a window that reads each
   element several times: a 3x3 conv with K filters reads its input 9K times) is materialised
   unless cost x reads per element <= EXPAND_BUDGET, or it has fewer than SMALL elements (a kernel
@@ -60,7 +61,7 @@ def materialised(graph):
             chosen.add(k)
         if node.buffer is None and node.op in ("reindex", "reindex_reduce"):
             chosen.update(_pos(graph, extra) for extra in node.inputs[1:] if extra.buffer is None)
-    cost, depth = [0] * len(graph.nodes), [0] * len(graph.nodes)
+    cost, depth, shared = [0] * len(graph.nodes), [0] * len(graph.nodes), set()
     for k, node in enumerate(graph.nodes):
         if node.buffer is not None or k in chosen or node.op in ("const", "index"):
             continue
@@ -74,6 +75,7 @@ def materialised(graph):
             cost[k] += TRANSCENDENTAL_COST if node.op in TRANSCENDENTAL else 1
             if consumers[k] > 1 and cost[k] > CHEAP_COST:
                 chosen.add(k)
+                shared.add(k)
                 cost[k] = 0
         if node.op == "reindex":
             source = _pos(graph, node.inputs[0])
@@ -84,7 +86,36 @@ def materialised(graph):
             if node.inputs[0].numel >= SMALL and (expensive or (ratio > 1 and _padded(node.inputs[0]))):
                 chosen.add(source)
                 cost[k] = 0
-    return chosen
+    return chosen - _computed_once(graph, chosen, shared)
+
+
+def _computed_once(graph, chosen, shared):
+    """The values of `shared` (element-wise, chosen because several consumers read them) whose
+    consumers are all element-wise and all end in one kernel: that kernel reads them at one
+    position each time, and the lowering computes a value once per position, so they need no
+    buffer (erf, tanh and softplus were two or three kernels each, and GELU did not fuse into the
+    linear layer before it). Walked from the last node back, consumers first."""
+    readers = [[] for _ in graph.nodes]
+    for k, node in enumerate(graph.nodes):
+        if node.buffer is None:
+            for source in node.inputs:
+                readers[_pos(graph, source)].append(k)
+    kernel, once = {}, set()      # position -> the one kernel that reads it at its position, or None
+    for k in reversed(range(len(graph.nodes))):
+        if graph.nodes[k].buffer is not None:
+            continue
+        if k in chosen and k not in shared:
+            kernel[k] = k
+            continue
+        roots = {kernel.get(c) if TABLE[graph.nodes[c].op].kind == ELEMENTWISE else None for c in readers[k]}
+        single = roots.pop() if len(roots) == 1 else None
+        if k in shared and single is None:
+            kernel[k] = k
+            continue
+        if k in shared:
+            once.add(k)
+        kernel[k] = single
+    return once
 
 
 def _padded(node):

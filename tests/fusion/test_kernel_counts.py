@@ -53,7 +53,16 @@ def test_expensive_fan_out_is_materialised_and_cheap_fan_out_recomputed():
     cheap = x * 2
     assert len(kernels(cheap + 1, cheap * 3)) == 2          # one kernel per output, cheap recomputed
     costly = (x.exp() + 1).log().sqrt()
-    assert len(kernels(costly * costly + costly)) == 2     # costly is computed once
+    assert len(kernels(costly * 2.0, costly + 1.0)) == 3   # two kernels read it: computed once, stored
+    # read several times, at one position, by one kernel: computed once there, no buffer
+    assert len(kernels(costly * costly + costly)) == 1
+
+
+def test_erf_tanh_softplus_and_gelu_are_one_kernel_and_gelu_fuses_into_a_linear_layer():
+    x, w = mg.rand(8, 32), mg.rand(16, 32)
+    for f in (mg.erf, mg.tanh, F.softplus, F.gelu, lambda t: F.gelu(t, approximate="tanh")):
+        assert len(kernels(f(x))) == 1
+    assert len(kernels(F.gelu(F.linear(x, w)))) == 1
 
 
 def test_a_strided_pooling_window_over_a_small_plane_reads_a_padded_copy():
