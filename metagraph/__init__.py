@@ -15,6 +15,7 @@ from metagraph.grad import enable_grad, grad, no_grad, set_grad_enabled
 from metagraph.ops import index as _ix, linalg as _linalg, math as _m, movement as _mv
 from metagraph.ops import einsum as _einsum
 from metagraph.ops import reduce as _rd
+from metagraph.ops import sorting as _sort
 from metagraph import backend, flags
 from metagraph.random import Generator, manual_seed
 from metagraph.runtime.executor import empty_cache
@@ -71,6 +72,15 @@ cumsum, masked_fill = _lift(_ix.cumsum), _lift(_ix.masked_fill)
 reindex, reindex_reduce = _lift(_ix.reindex), _lift(_ix.reindex_reduce)
 matmul = mm = bmm = _lift(_linalg.matmul)
 einsum = _lift(_einsum.einsum)
+sort, argsort, topk = _lift(_sort.sort), _lift(_sort.argsort), _lift(_sort.topk)
+cumprod, cummax, cummin = _lift(_sort.cumprod), _lift(_sort.cummax), _lift(_sort.cummin)
+logcumsumexp = _lift(_sort.logcumsumexp)
+scatter, scatter_reduce = _lift(_sort.scatter), _lift(_sort.scatter_reduce)
+
+
+def nonzero(x, as_tuple=False):
+    """Indices of the non-zero elements (their count depends on the values: a sync)."""
+    return _lift(_sort.nonzero)(x, _realize, as_tuple)
 
 
 def one_hot(x, num_classes=-1):

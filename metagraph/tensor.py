@@ -11,6 +11,7 @@ import numpy as np
 from metagraph import backend, dtypes
 from metagraph.errors import ArgumentError, DTypeError, MetagraphError, ShapeError, fail
 from metagraph.ops import autograd, index as ix, linalg, math as m, movement as mv, reduce as rd
+from metagraph.ops import sorting
 from metagraph.ops.node import GradMode, Node, detach
 
 
@@ -26,7 +27,8 @@ def _wrap(x):
     if isinstance(x, Node):
         return Tensor(x)
     if isinstance(x, tuple):
-        return tuple(_wrap(v) for v in x)
+        values = [_wrap(v) for v in x]
+        return type(x)(*values) if hasattr(x, "_fields") else tuple(values)     # (values, indices)
     return x
 
 
@@ -358,6 +360,9 @@ class Tensor:
     var, std, logsumexp = lift(rd.var), lift(rd.std), lift(rd.logsumexp)
     any, all = lift(rd.any), lift(rd.all)
     cumsum = lift(ix.cumsum)
+    cumprod, cummax, cummin = lift(sorting.cumprod), lift(sorting.cummax), lift(sorting.cummin)
+    logcumsumexp = lift(sorting.logcumsumexp)
+    sort, argsort, topk = lift(sorting.sort), lift(sorting.argsort), lift(sorting.topk)
 
     # ---- movement -----------------------------------------------------------------------------
     reshape = view = lift(mv.reshape)
@@ -389,6 +394,22 @@ class Tensor:
     index_select, index_add = lift(ix.index_select), lift(ix.index_add)
     reindex, reindex_reduce = lift(ix.reindex), lift(ix.reindex_reduce)
     matmul = mm = bmm = lift(linalg.matmul)
+    scatter, scatter_reduce = lift(sorting.scatter), lift(sorting.scatter_reduce)
+
+    def scatter_(self, dim, index, src):
+        """In place: src (a tensor or a number) written at index along dim."""
+        return self._replace(sorting.scatter(self.node, dim, _unwrap(index), _unwrap(src)))
+
+    def scatter_add_(self, dim, index, src):
+        return self._replace(ix.scatter_add(self.node, dim, _unwrap(index), _unwrap(src)))
+
+    def scatter_reduce_(self, dim, index, src, reduce, include_self=True):
+        return self._replace(sorting.scatter_reduce(self.node, dim, _unwrap(index), _unwrap(src), reduce,
+                                                    include_self))
+
+    def nonzero(self, as_tuple=False):
+        """Indices of the non-zero elements (a sync: their count depends on the values)."""
+        return _wrap(sorting.nonzero(self.node, backend.realize, as_tuple))
 
     def dot(self, other):
         if self.ndim != 1 or other.ndim != 1:

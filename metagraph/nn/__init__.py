@@ -5,6 +5,7 @@ from metagraph.nn.layers import (AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, Batc
                                  GroupNorm, Identity, L1Loss, LayerNorm, LeakyReLU, Linear, LogSoftmax,
                                  MaxPool2d, ModuleDict, ModuleList, MSELoss, NLLLoss, ReLU, ReLU6, Sequential,
                                  Sigmoid, SiLU, Softmax, Tanh)
+from metagraph.nn.conv_nd import Conv1d, Conv3d, ConvTranspose1d, ConvTranspose3d, Upsample
 from metagraph.nn.module import Module, Parameter
 from metagraph.nn.transformer import (MultiheadAttention, Transformer, TransformerDecoder,
                                       TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer)

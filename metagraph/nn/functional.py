@@ -1,14 +1,17 @@
 """PyTorch's torch.nn.functional, on metagraph Tensors (each a composition of meta-ops)."""
 from metagraph import creation
 from metagraph.ops import attention as at, conv, loss as ls, math as m, movement as mv
+from metagraph.ops import conv_nd
 from metagraph.tensor import Tensor, lift
 
 relu, gelu, silu, softplus = lift(m.relu), lift(m.gelu), lift(m.silu), lift(m.softplus)
 sigmoid, tanh = lift(m.sigmoid), lift(m.tanh)
 linear = lift(ls.linear)
 conv2d, conv_transpose2d = lift(conv.conv2d), lift(conv.conv_transpose2d)
+conv1d, conv_transpose1d = lift(conv_nd.conv1d), lift(conv_nd.conv_transpose1d)
+conv3d, conv_transpose3d = lift(conv_nd.conv3d), lift(conv_nd.conv_transpose3d)
 max_pool2d, avg_pool2d = lift(conv.max_pool2d), lift(conv.avg_pool2d)
-adaptive_avg_pool2d, interpolate = lift(conv.adaptive_avg_pool2d), lift(conv.interpolate)
+adaptive_avg_pool2d, interpolate = lift(conv.adaptive_avg_pool2d), lift(conv_nd.interpolate)
 softmax, log_softmax = lift(ls.softmax), lift(ls.log_softmax)
 cross_entropy, nll_loss = lift(ls.cross_entropy), lift(ls.nll_loss)
 mse_loss, l1_loss = lift(ls.mse_loss), lift(ls.l1_loss)
