@@ -302,7 +302,7 @@ def compare_backends(repeat, json_path):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", help="comma-separated workload ids (W1..W11)")
+    parser.add_argument("--only", help="comma-separated workload ids (W1..W12)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", default="bench.json")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-start measurement")

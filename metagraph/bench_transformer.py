@@ -1,9 +1,11 @@
-"""Transformer workloads of the benchmark suite (W10, W11 of the workload list): the zoo's GPT
-block and GPT, and the same modules written in PyTorch, with the same initial weights."""
+"""Transformer and sequence workloads of the benchmark suite (W10-W12 of the workload list): the
+zoo's GPT block and GPT, and the same modules written in PyTorch, with the same initial weights;
+the LSTM of bench_sequence.py."""
 import numpy as np
 
 import metagraph as mg
 import metagraph.nn.functional as F
+from metagraph.bench_sequence import lstm_workload
 
 BATCH, TIME, D_MODEL, HEADS, HIDDEN = 8, 128, 256, 4, 1024
 GPT_BATCH, GPT_CONTEXT = 32, 128
@@ -108,8 +110,15 @@ def gpt_training(torch):
     return ours, theirs, "tokens/s", GPT_BATCH * GPT_CONTEXT
 
 
+def lstm(torch):
+    """W12: a one-layer LSTM forward and backward (metagraph/bench_sequence.py)."""
+    ours, theirs = lstm_workload()
+    return ours, theirs if torch else None, "ms", None
+
+
 WORKLOADS = {
     "W10f": ("transformer block forward, 8x128x256, 4 heads", _block_workload(train=False)),
     "W10b": ("transformer block forward+backward", _block_workload(train=True)),
     "W11": ("char GPT training step (4x128, 4 heads), 32x128 tokens", gpt_training),
+    "W12": ("LSTM 64 -> 256, batch 32, sequence 64, forward+backward", lstm),
 }

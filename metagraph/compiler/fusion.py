@@ -34,6 +34,8 @@ TRANSCENDENTAL_COST = 4
 TRANSCENDENTAL = {"recip", "sqrt", "exp2", "log2", "sin", "cos", "pow"}
 ALWAYS_MATERIALISED = {"reduce", "reindex_reduce", "contiguous"}
 MAX_DEPTH = 128
+SHARED_DEPTH = 32      # a shared value computed once inside one kernel is at most this deep, so that
+                       # leaving it there cannot make a chain much deeper than MAX_DEPTH
 
 
 def _consumers(graph):
@@ -75,8 +77,9 @@ def materialised(graph):
             cost[k] += TRANSCENDENTAL_COST if node.op in TRANSCENDENTAL else 1
             if consumers[k] > 1 and cost[k] > CHEAP_COST:
                 chosen.add(k)
-                shared.add(k)
-                cost[k] = 0
+                if depth[k] <= SHARED_DEPTH:        # small enough to leave to one kernel
+                    shared.add(k)
+                cost[k] = depth[k] = 0      # a buffer: chains through it start again (an RNN's steps)
         if node.op == "reindex":
             source = _pos(graph, node.inputs[0])
             # a padded copy pays even where a window reads its elements fewer than twice each on
