@@ -60,8 +60,12 @@ def sample(model, prompt, length, context, temperature, seed):
     model.eval()
     with mg.no_grad():
         for _ in range(length):
-            idx = mg.tensor(np.array([out[-context:]], dtype=np.int64))
-            logits = model(idx)[0, -1].numpy().astype(np.float64) / temperature
+            # one window of `context` bytes, the text at its start: the model is causal, so what
+            # follows the text changes nothing, and every step reuses the same kernels
+            window = out[-context:]
+            idx = np.zeros((1, context), dtype=np.int64)
+            idx[0, :len(window)] = window
+            logits = model(mg.tensor(idx))[0, len(window) - 1].numpy().astype(np.float64) / temperature
             p = np.exp(logits - logits.max())
             out.append(int(rng.choice(256, p=p / p.sum())))
     model.train()
