@@ -211,16 +211,8 @@ def check_int64(expr, extents):
     runs over [0, extents[k]): kernels compute index arithmetic in int64, so such an index would
     wrap silently. A value read from an extra tensor is any int64 and proves nothing; arithmetic
     on it is left to the kernel's bounds check. Iterative: expressions may be long chains."""
-    ranges, stack = {}, [(expr, False)]
-    while stack:
-        e, ready = stack.pop()
-        if id(e) in ranges:
-            continue
-        parts = _parts(e)
-        if not ready and parts:
-            stack.append((e, True))
-            stack.extend((p, False) for p in parts)
-            continue
+    ranges = {}
+    for e, parts in _postorder(expr):
         found = _range(e, [ranges[id(p)] for p in parts], extents)
         if found is not None and (found[0] < INT64_MIN or found[1] > INT64_MAX):
             what = f"the constant {e.value} is" if isinstance(e, Const) else \
@@ -228,6 +220,23 @@ def check_int64(expr, extents):
             raise ExprError(f"index expression {_short(expr)}: {what} outside int64 (loop extents "
                             f"{tuple(extents)})")
         ranges[id(e)] = found
+
+
+def _postorder(expr):
+    """(subexpression, its parts) for each distinct subexpression, parts first; iterative, since
+    an expression may be a chain of thousands."""
+    done, stack = set(), [(expr, False)]
+    while stack:
+        e, ready = stack.pop()
+        if id(e) in done:
+            continue
+        parts = _parts(e)
+        if not ready and parts:
+            stack.append((e, True))
+            stack.extend((p, False) for p in parts)
+            continue
+        done.add(id(e))
+        yield e, parts
 
 
 def _short(expr, limit=120):
@@ -320,16 +329,8 @@ def parse(text, num_vars, num_extras=0):
 def check_size(expr):
     """Raise ExprError for an expression nested more than MAX_DEPTH levels deep or of more than
     MAX_NODES nodes. Iterative, and linear in the distinct subexpressions."""
-    depth, size, stack = {}, {}, [(expr, False)]
-    while stack:
-        e, ready = stack.pop()
-        if id(e) in depth:
-            continue
-        parts = _parts(e)
-        if not ready and parts:
-            stack.append((e, True))
-            stack.extend((p, False) for p in parts)
-            continue
+    depth, size = {}, {}
+    for e, parts in _postorder(expr):
         depth[id(e)] = 1 + max((depth[id(p)] for p in parts), default=0)
         size[id(e)] = 1 + sum(size[id(p)] for p in parts)
     if depth[id(expr)] > MAX_DEPTH:
