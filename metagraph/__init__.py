@@ -11,10 +11,12 @@ from metagraph.dtypes import (bool_ as bool, float16, float32, float64, int8, in
                               uint8)
 from metagraph.errors import (ArgumentError, DTypeError, ExprError, IndexOutOfRange, MetagraphError,
                               ShapeError)
-from metagraph.grad import enable_grad, grad, no_grad, set_grad_enabled
+from metagraph.grad import enable_grad, grad, inference_mode, no_grad, set_grad_enabled
+from metagraph.device import check as _check_device, device
 from metagraph.ops import index as _ix, linalg as _linalg, math as _m, movement as _mv
 from metagraph.ops import einsum as _einsum
 from metagraph.ops import reduce as _rd
+from metagraph.ops import special as _sp
 from metagraph.ops import sorting as _sort
 from metagraph import backend, flags
 from metagraph.random import Generator, manual_seed
@@ -81,6 +83,34 @@ scatter, scatter_reduce = _lift(_sort.scatter), _lift(_sort.scatter_reduce)
 def nonzero(x, as_tuple=False):
     """Indices of the non-zero elements (their count depends on the values: a sync)."""
     return _lift(_sort.nonzero)(x, _realize, as_tuple)
+
+
+asin, acos, atan, atan2 = _lift(_sp.asin), _lift(_sp.acos), _lift(_sp.atan), _lift(_sp.atan2)
+sinh, cosh, asinh, acosh, atanh = _lift(_sp.sinh), _lift(_sp.cosh), _lift(_sp.asinh), _lift(_sp.acosh), \
+    _lift(_sp.atanh)
+arcsin, arccos, arctan, arctan2 = asin, acos, atan, atan2
+expm1, log1p = _lift(_sp.expm1), _lift(_sp.log1p)
+isnan, isinf, isfinite = _lift(_sp.isnan), _lift(_sp.isinf), _lift(_sp.isfinite)
+isposinf, isneginf, nan_to_num = _lift(_sp.isposinf), _lift(_sp.isneginf), _lift(_sp.nan_to_num)
+isclose, norm = _lift(_sp.isclose), _lift(_sp.norm)
+
+
+def allclose(a, b, rtol=1e-5, atol=1e-8, equal_nan=False):
+    """Whether every element of a is close to b's (isclose), as a Python bool: a sync point."""
+    return all(isclose(a, b, rtol, atol, equal_nan)).item()        # a Python bool
+
+
+def from_numpy(array):
+    """A tensor holding a copy of the numpy array (PyTorch's shares its memory; this one does not)."""
+    return tensor(array)
+
+
+def as_tensor(data, dtype=None, device=None):
+    """data itself if it is a Tensor of that dtype, else a tensor holding a copy of it."""
+    _check_device(device)
+    if isinstance(data, Tensor):
+        return data if dtype is None else data.to(dtype)
+    return tensor(data, dtype=dtype)
 
 
 def one_hot(x, num_classes=-1):

@@ -37,3 +37,16 @@ def no_grad():
 
 def enable_grad():
     return set_grad_enabled(True)
+
+
+@contextlib.contextmanager
+def _unchanged():
+    yield
+
+
+def inference_mode(mode=True):
+    """PyTorch's inference_mode, as no_grad (nothing here tracks versions): a block, a decorator
+    (with or without parentheses); inference_mode(False) changes nothing."""
+    if callable(mode):
+        return set_grad_enabled(False)(mode)
+    return set_grad_enabled(False) if mode else _unchanged()

@@ -10,9 +10,14 @@ import numpy as np
 
 from metagraph import backend, dtypes
 from metagraph.errors import ArgumentError, DTypeError, MetagraphError, ShapeError, fail
-from metagraph.ops import autograd, index as ix, linalg, math as m, movement as mv, reduce as rd
+from metagraph.device import CPU, device as _device
+from metagraph.ops import autograd, index as ix, linalg, loss as ls, math as m, movement as mv
+from metagraph.ops import reduce as rd, special as sp
 from metagraph.ops import sorting
 from metagraph.ops.node import GradMode, Node, detach
+
+
+DEVICE_NAMES = ("cpu", "cuda", "mps", "xpu", "hip", "meta")    # to(name): a device, not a dtype
 
 
 def _unwrap(x):
@@ -75,7 +80,7 @@ class Tensor:
     shape = property(lambda self: self.node.shape)
     dtype = property(lambda self: self.node.dtype)
     ndim = property(lambda self: self.node.ndim)
-    device = property(lambda self: "cpu")
+    device = property(lambda self: CPU)
     is_leaf = property(lambda self: self.node.leaf or not self.node.requires_grad)
 
     def size(self, dim=None):
@@ -264,10 +269,13 @@ class Tensor:
         return Tensor(ix.getitem(self.node, _unwrap(key), backend.realize))
 
     # ---- dtype ------------------------------------------------------------------------------
-    def to(self, *args, dtype=None, **kwargs):
-        """to(dtype) converts; to('cpu') is the tensor itself (all data lives on the host)."""
+    def to(self, *args, dtype=None, device=None, **kwargs):
+        """to(dtype) converts; to('cpu') or to(device('cpu')) is the tensor itself (all data lives on
+        the host); any other device is an error."""
+        _device(device or "cpu")
         for arg in args:
-            if isinstance(arg, str) and arg.split(":")[0] == "cpu":
+            if isinstance(arg, _device) or (isinstance(arg, str) and arg.partition(":")[0] in DEVICE_NAMES):
+                _device(arg)
                 continue
             dtype = arg
         return self if dtype is None else Tensor(m.cast(self.node, dtypes.as_dtype(dtype)))
@@ -345,6 +353,40 @@ class Tensor:
     bitwise_not, bitwise_and = lift(m.bitwise_not), lift(m.bitwise_and)
     bitwise_or, bitwise_xor = lift(m.bitwise_or), lift(m.bitwise_xor)
     masked_fill = lift(ix.masked_fill)
+    asin, acos, atan, atan2 = lift(sp.asin), lift(sp.acos), lift(sp.atan), lift(sp.atan2)
+    arcsin, arccos, arctan, arctan2 = asin, acos, atan, atan2
+    sinh, cosh, asinh, acosh, atanh = lift(sp.sinh), lift(sp.cosh), lift(sp.asinh), lift(sp.acosh), \
+        lift(sp.atanh)
+    expm1, log1p = lift(sp.expm1), lift(sp.log1p)
+    isnan, isinf, isfinite = lift(sp.isnan), lift(sp.isinf), lift(sp.isfinite)
+    isposinf, isneginf, nan_to_num = lift(sp.isposinf), lift(sp.isneginf), lift(sp.nan_to_num)
+    isclose, norm = lift(sp.isclose), lift(sp.norm)
+    softmax, log_softmax = lift(ls.softmax), lift(ls.log_softmax)
+
+    def allclose(self, other, rtol=1e-5, atol=1e-8, equal_nan=False):
+        """Whether every element is close to other's, as a Python bool: a sync point."""
+        return Tensor(rd.all(sp.isclose(self.node, _unwrap(other), rtol, atol, equal_nan))).item()
+
+    # ---- new tensors like this one (its dtype unless given) ------------------------------------
+    def new_full(self, size, fill_value, dtype=None, device=None, requires_grad=False):
+        from metagraph import creation                       # creation builds on this module
+        _device(device or "cpu")
+        return creation.full(size, fill_value, dtype or self.dtype, requires_grad)
+
+    def new_zeros(self, *size, dtype=None, device=None, requires_grad=False):
+        size = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+        return self.new_full(size, 0, dtype, device, requires_grad)
+
+    new_empty = new_zeros
+
+    def new_ones(self, *size, dtype=None, device=None, requires_grad=False):
+        size = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+        return self.new_full(size, 1, dtype, device, requires_grad)
+
+    def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
+        from metagraph import creation
+        _device(device or "cpu")
+        return creation.tensor(data, dtype or self.dtype, requires_grad)
 
     def square(self):
         return self * self

@@ -1,6 +1,6 @@
 """PyTorch's torch.nn.functional, on metagraph Tensors (each a composition of meta-ops)."""
 from metagraph import creation
-from metagraph.ops import attention as at, conv, loss as ls, math as m, movement as mv
+from metagraph.ops import attention as at, conv, loss as ls, math as m, movement as mv, special as sp
 from metagraph.ops import conv_nd
 from metagraph.tensor import Tensor, lift
 
@@ -20,6 +20,15 @@ binary_cross_entropy = lift(ls.binary_cross_entropy)
 layer_norm, group_norm = lift(ls.layer_norm), lift(ls.group_norm)
 embedding = lift(ls.embedding)
 pad = lift(mv.pad)
+elu, selu, celu, mish = lift(sp.elu), lift(sp.selu), lift(sp.celu), lift(sp.mish)
+hardswish, hardsigmoid, prelu = lift(sp.hardswish), lift(sp.hardsigmoid), lift(sp.prelu)
+normalize = lift(sp.normalize)
+
+
+def one_hot(tensor, num_classes=-1):
+    """PyTorch's F.one_hot: int64 one-hot vectors (num_classes=-1 reads the maximum: a sync)."""
+    import metagraph                                  # the package imports this module
+    return metagraph.one_hot(tensor, num_classes)
 
 
 def relu6(x):

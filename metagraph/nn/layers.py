@@ -206,6 +206,28 @@ Sigmoid = _activation("Sigmoid", lambda x: F.sigmoid(x))
 Tanh = _activation("Tanh", lambda x: F.tanh(x))
 Softmax = _activation("Softmax", F.softmax, dim=None)
 LogSoftmax = _activation("LogSoftmax", F.log_softmax, dim=None)
+ELU = _activation("ELU", F.elu, alpha=1.0)
+SELU = _activation("SELU", lambda x: F.selu(x))
+CELU = _activation("CELU", F.celu, alpha=1.0)
+Mish = _activation("Mish", lambda x: F.mish(x))
+Hardswish = _activation("Hardswish", lambda x: F.hardswish(x))
+Hardsigmoid = _activation("Hardsigmoid", lambda x: F.hardsigmoid(x))
+Softplus = _activation("Softplus", F.softplus, beta=1.0, threshold=20.0)
+
+
+class PReLU(Module):
+    """x above 0, a learned slope times x below: one slope, or one per channel (dimension 1)."""
+
+    def __init__(self, num_parameters=1, init=0.25):
+        super().__init__()
+        self.num_parameters = num_parameters
+        self.weight = Parameter(creation.full((num_parameters,), float(init)))
+
+    def forward(self, x):
+        return F.prelu(x, self.weight)
+
+    def extra_repr(self):
+        return f"num_parameters={self.num_parameters}"
 
 
 class MaxPool2d(Module):
