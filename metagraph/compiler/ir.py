@@ -4,7 +4,7 @@ Index arithmetic uses the expression tree of `metagraph.expr` (loop variable k i
 values computed are small trees of table ops. Backends only render this; every transformation
 (fusion, splitting a loop, marking it parallel) is a rewrite of it.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Optional
 
 from metagraph.expr import Const
@@ -277,3 +277,28 @@ def rewritten_statement(s, rewrite, rename=None):
     if isinstance(s, Store):
         return Store(s.param, index(s.index), value(s.value))
     return ScatterAccumulate(s.param, index(s.index), s.op, value(s.value), index(s.valid), s.check)
+
+
+def describe(obj):
+    """A text that tells kernels apart (their names hash it), linear in the size of the IR: a value
+    or expression that several places share is written once and referred to by number after
+    (repr() writes a shared subtree at every place, exponential in its depth: an exact rounded
+    division's DAG never finished)."""
+    memo, shared = {}, []
+
+    def walk(o):
+        if is_dataclass(o) and not isinstance(o, type):
+            if id(o) not in memo:
+                text = f"{type(o).__name__}({','.join(walk(getattr(o, f.name)) for f in fields(o))})"
+                if len(text) > 48:
+                    shared.append(text)
+                    text = f"#{len(shared) - 1}"
+                memo[id(o)] = text
+            return memo[id(o)]
+        if isinstance(o, (list, tuple)):
+            return f"[{','.join(walk(x) for x in o)}]"
+        if isinstance(o, dict):
+            return f"{{{','.join(f'{k}:{walk(v)}' for k, v in o.items())}}}"
+        return repr(o)
+    top = walk(obj)
+    return "\n".join(shared + [top])

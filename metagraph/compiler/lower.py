@@ -389,7 +389,7 @@ class _Lowering:
         params = [param for _, param in self.params]
         positions = [position for position, _ in self.params]
         shape = "x".join(map(str, node.shape)) or "scalar"
-        digest = hashlib.sha1(repr((body, params)).encode()).hexdigest()[:8]
+        digest = hashlib.sha1(ir.describe((body, params)).encode()).hexdigest()[:8]
         kernel = ir.Kernel(f"{kind}_{shape}_{digest}", params, body, dict(self.extents))
         return Step(kernel, positions, self.sites)
 

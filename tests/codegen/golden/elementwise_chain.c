@@ -1,4 +1,4 @@
-void e_64_8617c134(char **restrict args, int64_t *restrict err) {
+void e_64_a21ae01b(char **restrict args, int64_t *restrict err) {
     float *restrict p0 = (float *)args[0];
     const float *restrict p1 = (const float *)args[1];
     for (int64_t i0 = 0; i0 < 64; i0++) {
