@@ -301,5 +301,5 @@ def test_bilinear_resize_of_uint8_by_a_scale_factor_gives_pytorchs_bytes():
 
 
 def test_an_interpolation_mode_not_implemented_is_not_implemented_error():
-    with pytest.raises(NotImplementedError, match="interpolate: mode must be 'nearest' or 'bilinear'"):
-        F.interpolate(mg.ones(1, 1, 2, 2), size=3, mode="bicubic")
+    with pytest.raises(NotImplementedError, match="interpolate: mode must be one of"):
+        F.interpolate(mg.ones(1, 1, 2, 2), size=3, mode="area")
