@@ -10,6 +10,7 @@ import numpy as np
 
 from metagraph import backend, dtypes
 from metagraph.errors import ArgumentError, DTypeError, MetagraphError, ShapeError, fail
+from metagraph.hooks import RemovableHandle
 from metagraph.device import CPU, device as _device
 from metagraph.ops import autograd, index as ix, linalg, loss as ls, math as m, movement as mv
 from metagraph.ops import reduce as rd, special as sp
@@ -214,6 +215,49 @@ class Tensor:
         # has it by now: otherwise `total = total + loss.detach()` kept every step's forward graph
         # pending, and total.item() computed them all at once (48 s after 100 steps).
         backend.defer(self)
+
+    # ---- gradient hooks ------------------------------------------------------------------------
+    def register_hook(self, hook):
+        """Call hook(grad) once this tensor's gradient is computed (by backward() or mg.grad); a result
+        that is not None replaces the gradient. Returns a handle whose remove() unregisters it."""
+        if not self.requires_grad:
+            raise MetagraphError("register_hook: cannot register a hook on a tensor that does not "
+                                 "require grad")
+        shape = self.shape
+
+        def on_gradient(grad):
+            replaced = hook(Tensor(grad))
+            if replaced is None:
+                return None
+            if not isinstance(replaced, Tensor) or replaced.shape != shape:
+                got = f"shape {replaced.shape}" if isinstance(replaced, Tensor) else type(replaced).__name__
+                raise ShapeError(f"a gradient hook of a tensor of shape {shape} returned {got}: it "
+                                 "must return None or a tensor of that shape")
+            return m.cast(replaced.node, grad.dtype)
+        table = autograd.grad_hooks(self.node)
+        handle = RemovableHandle(table)
+        table[handle.id] = on_gradient
+        if "retain_grad" in table:          # as in PyTorch, .grad keeps the gradient after every hook
+            table.move_to_end("retain_grad")
+        return handle
+
+    def retain_grad(self):
+        """Keep this tensor's gradient in .grad after backward() (a leaf keeps its gradient anyway)."""
+        if not self.requires_grad:
+            raise MetagraphError("retain_grad: the tensor does not require grad")
+        if self.is_leaf or self.retains_grad:
+            return
+        owner = weakref.ref(self)
+
+        def keep(grad):
+            tensor = owner()
+            if tensor is not None:
+                tensor.grad = Tensor(grad if tensor.grad is None else m.add(tensor.grad.node, grad))
+        autograd.grad_hooks(self.node)["retain_grad"] = keep
+
+    @property
+    def retains_grad(self):
+        return self.node.grad_hooks is not None and "retain_grad" in self.node.grad_hooks
 
     # ---- in-place updates -------------------------------------------------------------------
     def _replace(self, node, check_leaf=True, keep_type=True):

@@ -2,15 +2,17 @@
 forward hooks see (and may replace) a call's arguments and result."""
 import copy
 import warnings
-import weakref
 from collections import OrderedDict
 
 import numpy as np
 
 from metagraph import backend, dtypes
 from metagraph.creation import tensor as as_tensor
-from metagraph.errors import MetagraphError, ShapeError, Unsupported
+from metagraph.errors import MetagraphError, ShapeError
 from metagraph.grad import no_grad
+from metagraph.hooks import RemovableHandle
+from metagraph.nn.backward_hooks import BackwardHookCall
+from metagraph.ops.node import GradMode
 from metagraph.tensor import Tensor
 
 
@@ -38,32 +40,9 @@ class Parameter(Tensor):
         return "Parameter containing:\n" + super().__repr__()
 
 
-class RemovableHandle:
-    """What a register_*_hook returns: remove() unregisters the hook, as does leaving a `with` block.
-    It holds the hook tables weakly, so a kept handle does not keep a deleted module's hooks alive."""
-    next_id = 0
-
-    def __init__(self, hooks, extra=()):
-        self.hooks_dict_ref = weakref.ref(hooks)
-        self.extra_dict_ref = tuple(weakref.ref(table) for table in extra)
-        self.id = RemovableHandle.next_id
-        RemovableHandle.next_id += 1
-
-    def remove(self):
-        for ref in (self.hooks_dict_ref, *self.extra_dict_ref):
-            table = ref()
-            if table is not None:
-                table.pop(self.id, None)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exception):
-        self.remove()
-
-
 _HOOK_TABLES = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
-                "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+                "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_backward_hooks",
+                "_backward_pre_hooks")
 
 
 class Module:
@@ -142,13 +121,15 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} has no forward()")
 
     def __call__(self, *args, **kwargs):
-        if self._forward_pre_hooks or self._forward_hooks:
+        if (self._forward_pre_hooks or self._forward_hooks or self._backward_hooks
+                or self._backward_pre_hooks):
             return self._call_with_hooks(args, kwargs)
         return self.forward(*args, **kwargs)
 
     def _call_with_hooks(self, args, kwargs):
-        """PyTorch's order: pre-hooks may replace the arguments, then forward, then forward hooks may
-        replace the result. If anything raises, the always_call hooks not yet run are run (their own
+        """PyTorch's order: pre-hooks may replace the arguments, then (with backward hooks) the tensor
+        arguments are wrapped, then forward, then forward hooks may replace the result, which (with
+        backward hooks) is wrapped. If anything raises, the always_call hooks not yet run are run (their own
         errors become warnings) and the error propagates. A hook removed by another still runs in this
         call, as in PyTorch (each table is read once)."""
         result, called = None, set()
@@ -166,6 +147,10 @@ class Module:
                     replaced = hook(self, args)
                     if replaced is not None:
                         args = replaced if isinstance(replaced, tuple) else (replaced,)
+            backward = None
+            if (self._backward_hooks or self._backward_pre_hooks) and GradMode.enabled:
+                backward = BackwardHookCall(self, args)
+                args = backward.wrap_inputs(args)
             result = self.forward(*args, **kwargs)
             for hook_id, hook in tuple(self._forward_hooks.items()):
                 if hook_id in self._forward_hooks_always_called:
@@ -173,7 +158,7 @@ class Module:
                 replaced = self._run_forward_hook(hook_id, hook, args, kwargs, result)
                 if replaced is not None:
                     result = replaced
-            return result
+            return result if backward is None else backward.wrap_outputs(result)
         except Exception:
             for hook_id, hook in tuple(self._forward_hooks.items()):
                 if hook_id in self._forward_hooks_always_called and hook_id not in called:
@@ -220,14 +205,16 @@ class Module:
                                (self._forward_hooks_always_called, always_call)])
 
     def register_full_backward_hook(self, hook, prepend=False):
-        """Not supported yet: it needs gradient hooks in the autograd engine."""
-        raise Unsupported(f"{type(self).__name__}.register_full_backward_hook: metagraph's autograd has no "
-                          "gradient hooks yet; use a forward hook, or mg.grad on the module's output")
+        """Call hook(module, grad_input, grad_output) once the gradients of the module's positional
+        tensor arguments are computed (grad_input: one entry per argument, None where none flows;
+        grad_output: one per output). A result that is not None replaces grad_input. Only calls made
+        after registering, with gradients enabled, are seen. Returns a removable handle."""
+        return self._add_hook(self._backward_hooks, hook, prepend, [])
 
     def register_full_backward_pre_hook(self, hook, prepend=False):
-        """Not supported yet: it needs gradient hooks in the autograd engine."""
-        raise Unsupported(f"{type(self).__name__}.register_full_backward_pre_hook: metagraph's autograd has "
-                          "no gradient hooks yet; use a forward hook, or mg.grad on the module's output")
+        """Call hook(module, grad_output) once the gradients of the module's outputs are computed; a
+        result that is not None replaces grad_output. Returns a removable handle."""
+        return self._add_hook(self._backward_pre_hooks, hook, prepend, [])
 
     # ---- traversal ---------------------------------------------------------------------------
     def named_modules(self, memo=None, prefix="", remove_duplicate=True):

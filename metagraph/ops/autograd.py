@@ -4,7 +4,14 @@ A backward pass releases the graph it walks, as PyTorch frees its saved tensors:
 released node again is an error unless the first pass was given retain_graph=True. Nothing is
 freed (the graph is lazy and holds no saved values); the error keeps PyTorch's contract, so that
 a second backward does not silently add the same gradients again. It is stricter than PyTorch's
-only for graphs that save nothing (x + 1 alone), which PyTorch lets one walk twice."""
+only for graphs that save nothing (x + 1 alone), which PyTorch lets one walk twice.
+
+Hooks: a node may carry gradient hooks, called once its gradient is complete (Tensor.register_hook,
+retain_grad), and belong to a GradGroup whose hook sees several gradients at once (a module's
+backward hooks). The walk is therefore in dependency order: a node runs when its last consumer
+has."""
+from collections import OrderedDict
+
 from metagraph.errors import MetagraphError, fail, user_location
 from metagraph.ops.node import GradMode, located
 from metagraph.ops.table import TABLE
@@ -51,23 +58,109 @@ def gradients(outputs, output_grads, create_graph=False, retain_graph=None, op="
     return grads
 
 
+class GradGroup:
+    """Nodes whose gradients a hook sees together (a module's inputs, or its outputs): the walk holds
+    each member once its gradient is complete until every member in the walk is, then calls
+    hook(list of gradient nodes, None for a member the walk does not reach), whose result, if not
+    None, replaces them. Members must not depend on one another."""
+    __slots__ = ("members", "hook")
+
+    def __init__(self, members, hook):
+        self.members = list(members)
+        self.hook = hook
+        for node in self.members:
+            node.grad_group = self
+
+
+def grad_hooks(node):
+    """`node`'s gradient hooks, an ordered table to add to: each is called as hook(gradient node) once
+    the node's gradient is complete, before it flows on (into a leaf's .grad, or through the node's
+    rule); a result that is not None replaces the gradient."""
+    if node.grad_hooks is None:
+        node.grad_hooks = OrderedDict()
+    return node.grad_hooks
+
+
 def _accumulated(order, outputs, output_grads):
+    """Each node's gradient, in an order where a node comes after every consumer in the walk (so its
+    gradient is complete): its hooks run, then its rule sends the gradient on to its inputs."""
     grads = {}
     for node, grad in zip(outputs, output_grads):
         grads[node.id] = grad if node.id not in grads else grads[node.id] + grad
+    pending, expected = {node.id: 0 for node in order}, {}
     for node in order:
+        if not node.leaf:
+            for source in node.inputs:
+                if source.requires_grad:
+                    pending[source.id] += 1
+        if node.grad_group is not None:
+            expected[node.grad_group] = expected.get(node.grad_group, 0) + 1
+    held, ready = {}, []
+
+    def complete(node):
+        group = node.grad_group
+        if group is None:
+            ready.append(node)
+            return
+        members = held.setdefault(group, [])
+        members.append(node)
+        if len(members) == expected[group]:
+            _call_group_hook(group, grads, {member.id for member in members})
+            ready.extend(reversed(members))
+
+    for node in reversed(order):
+        if pending[node.id] == 0:
+            complete(node)
+    walked = 0
+    while ready:
+        node = ready.pop()
+        walked += 1
         grad = grads.get(node.id)
-        if grad is None or node.leaf:
+        if grad is not None and node.grad_hooks:
+            grad = grads[node.id] = _hooked(node, grad)
+        if node.leaf:
             continue
-        rule = TABLE[node.op].grad
-        if rule is None:
-            raise MetagraphError(f"internal: {node.op} has no gradient but requires grad")
-        for source, source_grad in zip(node.inputs, rule(grad, node, *node.inputs)):
-            if source_grad is None or not source.requires_grad:
+        source_grads = tuple(_rule(node, grad)) if grad is not None else ()
+        for k, source in enumerate(node.inputs):
+            if not source.requires_grad:
                 continue
-            previous_grad = grads.get(source.id)
-            grads[source.id] = source_grad if previous_grad is None else previous_grad + source_grad
+            source_grad = source_grads[k] if k < len(source_grads) else None
+            if source_grad is not None:
+                previous_grad = grads.get(source.id)
+                grads[source.id] = source_grad if previous_grad is None else previous_grad + source_grad
+            pending[source.id] -= 1
+            if pending[source.id] == 0:
+                complete(source)
+    if walked != len(order):
+        raise MetagraphError("internal: a gradient group waits on one of its own members")
     return grads
+
+
+def _rule(node, grad):
+    rule = TABLE[node.op].grad
+    if rule is None:
+        raise MetagraphError(f"internal: {node.op} has no gradient but requires grad")
+    return rule(grad, node, *node.inputs)
+
+
+def _hooked(node, grad):
+    for hook in tuple(node.grad_hooks.values()):
+        replaced = hook(grad)
+        if replaced is not None:
+            grad = replaced
+    return grad
+
+
+def _call_group_hook(group, grads, walked):
+    replaced = group.hook([grads.get(member.id) for member in group.members])
+    if replaced is None:
+        return
+    for member, grad in zip(group.members, replaced):
+        if member.id in walked:
+            if grad is None:
+                grads.pop(member.id, None)
+            else:
+                grads[member.id] = grad
 
 
 def leaves(outputs):

@@ -81,6 +81,7 @@ class Node:
     """One meta-op application in the lazy graph."""
     __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "location", "requires_grad", "leaf",
                  "buffer", "owner", "id", "signature", "released", "composite",
+                 "grad_hooks", "grad_group",
                  "__weakref__")     # `composite`: set on checked nodes only (`labelled`)
 
     def __init__(self, op, inputs, attrs, shape, dtype, requires_grad=None, buffer=None, location=None):
@@ -104,6 +105,8 @@ class Node:
         self.id = next(_ids)
         self.signature = None            # signature(self), computed once when needed
         self.released = False            # a backward pass walked it without retain_graph
+        self.grad_hooks = None           # gradient hooks (ops/autograd.py), rarely any
+        self.grad_group = None           # a GradGroup this node's gradient waits with
 
     @property
     def ndim(self):

@@ -167,14 +167,6 @@ def test_an_always_call_hook_error_becomes_a_warning():
                 module(make(np.array([1.0])))
 
 
-def test_full_backward_hooks_are_unsupported_with_a_clear_error():
-    layer = nn.Linear(2, 2)
-    with pytest.raises(NotImplementedError, match="Linear.register_full_backward_hook: .*no gradient hooks"):
-        layer.register_full_backward_hook(lambda module, grad_input, grad_output: None)
-    with pytest.raises(NotImplementedError, match="register_full_backward_pre_hook"):
-        layer.register_full_backward_pre_hook(lambda module, grad_output: None)
-
-
 def test_register_buffer_matches_torch():
     for framework, make in FRAMEWORKS:
         module = framework.Module()
