@@ -1,15 +1,27 @@
 """Tensor creation: from data, constants, ranges and random numbers."""
+import functools
 import math
 
 import numpy as np
 
 from metagraph import dtypes
+from metagraph.device import check as check_device
 from metagraph.errors import ArgumentError, DTypeError, ShapeError, fail
 from metagraph.ops import math as m
 from metagraph.ops.node import Node
 from metagraph.ops.table import apply
 from metagraph.random import numpy_generator
 from metagraph.tensor import Tensor
+
+
+def on_a_device(create):
+    """`create` taking PyTorch's device= keyword: "cpu" (or None) is the one device; any other is an
+    error at the user's call."""
+    @functools.wraps(create)
+    def created(*args, device=None, **kwargs):
+        check_device(device)
+        return create(*args, **kwargs)
+    return created
 
 
 def _size(size):
@@ -27,6 +39,7 @@ def from_numpy_array(array, dtype=None, requires_grad=False):
     return tensor.requires_grad_() if requires_grad else tensor
 
 
+@on_a_device
 def tensor(data, dtype=None, requires_grad=False):
     """A tensor holding a copy of data (nested lists, scalars, numpy arrays or a Tensor)."""
     if isinstance(data, Tensor):
@@ -111,16 +124,19 @@ def _ragged(data):
         level, dim = [item for v in level for item in v], dim + 1
 
 
+@on_a_device
 def full(size, fill_value, dtype=None, requires_grad=False):
     dtype = dtypes.as_dtype(dtype) or dtypes.scalar_dtype(fill_value)
     result = Tensor(m.const(fill_value, _size((size,) if isinstance(size, int) else size), dtype))
     return result.requires_grad_() if requires_grad else result
 
 
+@on_a_device
 def zeros(*size, dtype=None, requires_grad=False):
     return full(_size(size), 0, dtypes.as_dtype(dtype) or dtypes.default_float, requires_grad)
 
 
+@on_a_device
 def ones(*size, dtype=None, requires_grad=False):
     return full(_size(size), 1, dtypes.as_dtype(dtype) or dtypes.default_float, requires_grad)
 
@@ -128,18 +144,22 @@ def ones(*size, dtype=None, requires_grad=False):
 empty = zeros
 
 
+@on_a_device
 def zeros_like(x, dtype=None, requires_grad=False):
     return full(x.shape, 0, dtype or x.dtype, requires_grad)
 
 
+@on_a_device
 def ones_like(x, dtype=None, requires_grad=False):
     return full(x.shape, 1, dtype or x.dtype, requires_grad)
 
 
+@on_a_device
 def full_like(x, fill_value, dtype=None, requires_grad=False):
     return full(x.shape, fill_value, dtype or x.dtype, requires_grad)
 
 
+@on_a_device
 def arange(start, end=None, step=1, dtype=None, requires_grad=False):
     """Values from start (inclusive) to end (exclusive) by step."""
     if end is None:
@@ -158,6 +178,7 @@ def arange(start, end=None, step=1, dtype=None, requires_grad=False):
     return result.requires_grad_() if requires_grad else result
 
 
+@on_a_device
 def linspace(start, end, steps, dtype=None, requires_grad=False):
     """`steps` values evenly spaced from start to end, both included."""
     dtype = dtypes.as_dtype(dtype) or dtypes.default_float
@@ -172,6 +193,7 @@ def linspace(start, end, steps, dtype=None, requires_grad=False):
     return result.requires_grad_() if requires_grad else result
 
 
+@on_a_device
 def eye(n, m_=None, dtype=None, requires_grad=False):
     shape = (n, n if m_ is None else m_)
     rows = apply("index", shape=shape, axis=0, dtype=dtypes.int64)
@@ -180,12 +202,14 @@ def eye(n, m_=None, dtype=None, requires_grad=False):
     return result.requires_grad_() if requires_grad else result
 
 
+@on_a_device
 def rand(*size, generator=None, dtype=None, requires_grad=False):
     """Uniform on [0, 1), drawn from `generator` (an mg.Generator; default: the one manual_seed seeds)."""
     dtype = dtypes.as_dtype(dtype) or dtypes.default_float
     return from_numpy_array(numpy_generator("rand", generator).random(_size(size)), dtype, requires_grad)
 
 
+@on_a_device
 def randn(*size, generator=None, dtype=None, requires_grad=False):
     """Standard normal, drawn from `generator` as rand's."""
     dtype = dtypes.as_dtype(dtype) or dtypes.default_float
@@ -193,6 +217,7 @@ def randn(*size, generator=None, dtype=None, requires_grad=False):
                             requires_grad)
 
 
+@on_a_device
 def randint(low, high=None, size=(), *, generator=None, dtype=None):
     """Integers uniform on [low, high), drawn from `generator` as rand's."""
     if high is None:
@@ -203,15 +228,18 @@ def randint(low, high=None, size=(), *, generator=None, dtype=None):
                             dtypes.as_dtype(dtype) or dtypes.int64)
 
 
+@on_a_device
 def randperm(n, *, generator=None, dtype=None):
     """A random permutation of 0 .. n-1, drawn from `generator` as rand's."""
     return from_numpy_array(numpy_generator("randperm", generator).permutation(n),
                             dtypes.as_dtype(dtype) or dtypes.int64)
 
 
+@on_a_device
 def rand_like(x, dtype=None):
     return rand(x.shape, dtype=dtype or x.dtype)
 
 
+@on_a_device
 def randn_like(x, dtype=None):
     return randn(x.shape, dtype=dtype or x.dtype)

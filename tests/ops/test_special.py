@@ -231,6 +231,29 @@ def test_devices():
             mg.device(bad)
 
 
+CREATED_ON_A_DEVICE = [
+    lambda device: mg.tensor([1.0, 2.0], device=device), lambda device: mg.zeros(2, 3, device=device),
+    lambda device: mg.ones((2,), device=device), lambda device: mg.empty(2, device=device),
+    lambda device: mg.full((2,), 3.0, device=device), lambda device: mg.arange(4, device=device),
+    lambda device: mg.linspace(0, 1, 5, device=device), lambda device: mg.eye(3, device=device),
+    lambda device: mg.rand(2, device=device), lambda device: mg.randn(2, device=device),
+    lambda device: mg.randint(0, 5, (3,), device=device), lambda device: mg.randperm(4, device=device),
+    lambda device: mg.zeros_like(mg.ones(2), device=device),
+    lambda device: mg.ones_like(mg.ones(2), device=device),
+    lambda device: mg.full_like(mg.ones(2), 7, device=device),
+    lambda device: mg.rand_like(mg.ones(2), device=device),
+    lambda device: mg.randn_like(mg.ones(2), device=device),
+]
+
+
+@pytest.mark.parametrize("create", CREATED_ON_A_DEVICE)
+def test_creation_takes_a_device(create):
+    for device in (None, "cpu", "cpu:0", mg.device("cpu")):
+        assert create(device).device == "cpu"
+    with pytest.raises(mg.ArgumentError, match="device 'cuda' is not available"):
+        create("cuda")
+
+
 def test_inference_mode():
     x = mg.tensor([1.0], requires_grad=True)
     with mg.inference_mode():
