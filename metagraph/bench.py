@@ -1,16 +1,28 @@
 """The benchmark suite: metagraph against PyTorch (when installed) on the same work, in one run.
 
-    python -m metagraph.bench                 # every workload, a table and bench.json
-    python -m metagraph.bench --only W1,W3a   # some of them
-    python -m metagraph.bench --backends      # the llvm and bang code generators against c
-    python -m metagraph.bench --library       # contractions through numpy's BLAS (library_op)
+    python -m metagraph.bench                  # every workload, a table and bench.json
+    python -m metagraph.bench --only W1,W3a,K1 # some of them (K1: the group K1a-K1e)
+    python -m metagraph.bench --threads 1      # both frameworks (and numpy's BLAS) on one thread
+    python -m metagraph.bench --backends       # the llvm and bang code generators against c
+    python -m metagraph.bench --library        # contractions through numpy's BLAS (library_op)
+
+Workloads:
+    W1-W9     element-wise, softmax, matmul, conv, ResNet-18 and VGG-11 inference and training,
+              launch overhead, time to train an MLP (this file; matmul, conv and the networks are
+              built by bench_kernels.py and bench_zoo.py)
+    W10-W12   transformer block, GPT training step, LSTM (bench_transformer.py, bench_sequence.py)
+    K1a-K4    single kernels: matmul at five shapes (K1d: as a fraction of the machine's roof, the
+              best sgemm of PyTorch and numpy in the same run), 3x3 conv forward and forward+backward,
+              1x1 and depthwise conv, LayerNorm (bench_kernels.py)
+    Z1, Z2    ResNet-50 inference at batch 4; batch-1 inference of every zoo network with a PyTorch
+              twin, and their geometric mean (bench_zoo.py)
 
 Each figure is the median of at least --repeat timed calls after two warm-up calls, every call
 forced to complete (read back to numpy); short workloads are called again until a second has
 passed (at most 200 calls), so that their medians rest on more than a few samples. metagraph and
 PyTorch calls alternate, so that noise from the shared machine falls on both. Ratios are torch
-time / metagraph time: above 1, metagraph is faster. PyTorch runs on as many threads as metagraph
-(METAGRAPH_NUM_THREADS: `METAGRAPH_NUM_THREADS=1 python -m metagraph.bench` compares one core)."""
+time / metagraph time: above 1, metagraph is faster. PyTorch runs on as many threads as metagraph:
+--threads N, else METAGRAPH_NUM_THREADS, else the CPUs this process may use."""
 import argparse
 import json
 import os
@@ -24,7 +36,9 @@ import numpy as np
 
 import metagraph as mg
 import metagraph.nn.functional as F
+from metagraph.bench_kernels import WORKLOADS as kernel_workloads, conv, matmul, random_array
 from metagraph.bench_transformer import WORKLOADS as transformer_workloads
+from metagraph.bench_zoo import WORKLOADS as zoo_workloads, geometric_mean, inference, twin
 
 
 MIN_SECONDS = 1.0        # time each workload for at least this long (wall clock) ...
@@ -59,14 +73,10 @@ def _torch():
     return torch
 
 
-def _data(*shape, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-# ---- workloads: each returns (metagraph fn, torch fn or None, unit, work) ----------------------
+# ---- workloads: each returns (metagraph fn, torch fn or None, unit, work[, references]) ---------
 
 def w1(torch):
-    data = _data(2 ** 24)
+    data = random_array(2 ** 24)
     x = mg.tensor(data)
     ours = lambda: (F.relu(x * 1.5 + 0.5) * F.sigmoid(x)).numpy()  # noqa: E731
     theirs = None
@@ -77,87 +87,14 @@ def w1(torch):
 
 
 def w2(torch):
-    data = _data(4096, 1024)
+    data = random_array(4096, 1024)
     x = mg.tensor(data)
     theirs = (lambda t: (lambda: torch.softmax(t, 1).numpy()))(torch.from_numpy(data)) if torch else None
     return (lambda: F.softmax(x, dim=1).numpy()), theirs, "ms", None
 
 
-def _matmul(n):
-    def workload(torch):
-        a, b = _data(n, n), _data(n, n, seed=1)
-        ma, mb = mg.tensor(a), mg.tensor(b)
-        theirs = None
-        if torch:
-            ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-            theirs = lambda: (ta @ tb).numpy()  # noqa: E731
-        return (lambda: (ma @ mb).numpy()), theirs, "GFLOP/s", 2 * n ** 3
-    return workload
-
-
-def w4(torch):
-    x, w = _data(8, 64, 56, 56), _data(64, 64, 3, 3, seed=1)
-    mx, mw = mg.tensor(x), mg.tensor(w)
-    theirs = None
-    if torch:
-        tx, tw = torch.from_numpy(x), torch.from_numpy(w)
-        theirs = lambda: torch.nn.functional.conv2d(tx, tw, padding=1).numpy()  # noqa: E731
-    return (lambda: F.conv2d(mx, mw, padding=1).numpy()), theirs, "GFLOP/s", 2 * 8 * 64 * 56 * 56 * 64 * 9
-
-
-def _torch_resnet18(torch, num_classes):
-    nn = torch.nn
-
-    class Block(nn.Module):
-        def __init__(self, inp, out, stride):
-            super().__init__()
-            self.conv1, self.bn1 = nn.Conv2d(inp, out, 3, stride, 1, bias=False), nn.BatchNorm2d(out)
-            self.conv2, self.bn2 = nn.Conv2d(out, out, 3, 1, 1, bias=False), nn.BatchNorm2d(out)
-            self.downsample = None if stride == 1 and inp == out else nn.Sequential(
-                nn.Conv2d(inp, out, 1, stride, bias=False), nn.BatchNorm2d(out))
-
-        def forward(self, x):
-            out = self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x)))))
-            return torch.relu(out + (x if self.downsample is None else self.downsample(x)))
-    layers, channels = [], 64
-    for width, stride in [(64, 1), (128, 2), (256, 2), (512, 2)]:
-        layers += [Block(channels, width, stride), Block(width, width, 1)]
-        channels = width
-    return nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
-                         nn.MaxPool2d(3, 2, 1), *layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                         nn.Linear(512, num_classes))
-
-
-def _torch_vgg11(torch):
-    nn, layers, channels = torch.nn, [], 3
-    for v in [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]:
-        layers += [nn.MaxPool2d(2)] if v == "M" else [nn.Conv2d(channels, v, 3, padding=1), nn.ReLU()]
-        channels = v if v != "M" else channels
-    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(7), nn.Flatten(), nn.Linear(512 * 49, 4096), nn.ReLU(),
-                         nn.Dropout(), nn.Linear(4096, 4096), nn.ReLU(), nn.Dropout(), nn.Linear(4096, 1000))
-
-
-def _inference(make_ours, make_theirs, batch):
-    def workload(torch):
-        data = _data(batch, 3, 224, 224)
-        model, x = make_ours().eval(), mg.tensor(data)
-
-        def ours():
-            with mg.no_grad():
-                return model(x).numpy()
-        theirs = None
-        if torch:
-            reference, t = make_theirs(torch).eval(), torch.from_numpy(data)
-
-            def theirs():
-                with torch.no_grad():
-                    return reference(t).numpy()
-        return ours, theirs, "images/s", batch
-    return workload
-
-
 def w6(torch):
-    data, labels = _data(32, 3, 32, 32), np.random.default_rng(0).integers(0, 10, 32)
+    data, labels = random_array(32, 3, 32, 32), np.random.default_rng(0).integers(0, 10, 32)
     model = mg.models.resnet18(num_classes=10)
     optimizer = mg.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = mg.tensor(data), mg.tensor(labels)
@@ -170,7 +107,7 @@ def w6(torch):
         return loss.item()
     theirs = None
     if torch:
-        reference = _torch_resnet18(torch, 10)
+        reference = twin(torch, "resnet18", model, num_classes=10).train()
         torch_optimizer = torch.optim.SGD(reference.parameters(), lr=0.01, momentum=0.9)
         tx, ty = torch.from_numpy(data), torch.from_numpy(labels)
 
@@ -199,15 +136,16 @@ def w7(torch):
 WORKLOADS = {
     "W1": ("fused element-wise relu(x*1.5+0.5)*sigmoid(x), 2^24", w1),
     "W2": ("row softmax 4096x1024", w2),
-    "W3a": ("matmul 1024^3", _matmul(1024)),
-    "W3b": ("matmul 256^3", _matmul(256)),
-    "W4": ("conv2d 3x3, (8,64,56,56) -> 64", w4),
-    "W5": ("ResNet-18 inference, batch 8, 224^2", _inference(mg.models.resnet18,
-                                                           lambda torch: _torch_resnet18(torch, 1000), 8)),
+    "W3a": ("matmul 1024^3", matmul(1024, 1024, 1024)),
+    "W3b": ("matmul 256^3", matmul(256, 256, 256)),
+    "W4": ("conv2d 3x3, (8,64,56,56) -> 64", conv(8, 64, 64, 56, 3)),
+    "W5": ("ResNet-18 inference, batch 8, 224^2", inference("resnet18", 8)),
     "W6": ("ResNet-18 training step, batch 32, 32^2", w6),
     "W7": ("1000 x (a + 1) on 16 floats, then read", w7),
-    "W9": ("VGG-11 inference, batch 4, 224^2", _inference(mg.models.vgg11, _torch_vgg11, 4)),
+    "W9": ("VGG-11 inference, batch 4, 224^2", inference("vgg11", 4)),
     **transformer_workloads,
+    **kernel_workloads,
+    **zoo_workloads,
 }
 
 
@@ -237,7 +175,8 @@ print(time.perf_counter() - start)
 def cold_resnet18():
     """Seconds of ResNet-18's first forward in a fresh process with an empty kernel cache."""
     with tempfile.TemporaryDirectory() as cache:
-        environment = dict(os.environ, METAGRAPH_CACHE_DIR=cache)
+        environment = dict(os.environ, METAGRAPH_CACHE_DIR=cache,
+                           METAGRAPH_NUM_THREADS=str(mg.flags.NUM_THREADS))
         result = subprocess.run([sys.executable, "-c", COLD_PROGRAM], env=environment, capture_output=True,
                                 text=True, timeout=3600)
     return float(result.stdout.strip().splitlines()[-1]) if result.returncode == 0 else float("nan")
@@ -265,7 +204,7 @@ def digits_time_to_95(max_epochs=50):
 BACKEND_WORKLOADS = {
     "W1": ("fused element-wise chain, 2^24 floats", w1),
     "W2": ("row softmax 4096x1024", w2),
-    "M512": ("matmul 512^3", _matmul(512)),
+    "M512": ("matmul 512^3", matmul(512, 512, 512)),
 }
 
 
@@ -299,22 +238,79 @@ def compare_backends(repeat, json_path):
     print(f"wrote {json_path}")
 
 
+def set_threads(count):
+    """--threads: metagraph's kernels, PyTorch's ops (see _torch) and, when threadpoolctl is installed,
+    numpy's BLAS (K1d's roof, --library) on `count` threads. Call it before the first kernel runs:
+    a backend reads the count when it is loaded."""
+    mg.flags.NUM_THREADS = count
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        print("threadpoolctl is not installed: numpy's BLAS keeps its own thread count", file=sys.stderr)
+        return
+    threadpool_limits(count, user_api="blas")
+
+
+def chosen_ids(only, ids):
+    """The ids --only names: each item an id, or a prefix that is not one and names a group (K1 runs
+    K1a-K1e, Z2 runs Z2a-Z2e); an item that matches nothing raises ValueError."""
+    chosen = set()
+    for item in only.split(","):
+        matches = {item} if item in ids else {key for key in ids if key.startswith(item)}
+        if not matches:
+            raise ValueError(f"--only {item}: no such workload or group; ids are {', '.join(ids)}")
+        chosen |= matches
+    return chosen
+
+
+def measure(key, title, make, torch, repeat):
+    """One row: metagraph's figure, PyTorch's and the ratio when PyTorch is installed and, for a
+    workload that names reference implementations (a fifth element, name -> fn, timed in the same
+    rounds), their figures and the roof: the best figure other than metagraph's."""
+    ours, theirs, unit, work, *more = make(torch)
+    references = more[0] if more else {}
+    fns = [ours] + ([theirs] if theirs is not None else []) + list(references.values())
+    mine, *others = median_seconds(fns, repeat)
+    row = {"id": key, "workload": title, "unit": unit, "metagraph": _figure(unit, work, mine)}
+    if theirs is not None:
+        seconds = others.pop(0)
+        row["pytorch"] = _figure(unit, work, seconds)
+        row["ratio"] = seconds / mine
+    if references:
+        row["references"] = {name: _figure(unit, work, seconds) for name, seconds in zip(references, others)}
+        row["roof"] = max([row.get("pytorch", 0.0), *row["references"].values()])
+        row["of_roof"] = row["metagraph"] / row["roof"]
+    return row
+
+
 def main(argv=None):
+    ids = list(WORKLOADS) + ["W8"]
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", help="comma-separated workload ids (W1..W12)")
+    parser.add_argument("--only", help=f"comma-separated workload ids ({', '.join(ids)}) or groups "
+                                       "(a prefix: K1, Z2)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", default="bench.json")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-start measurement")
+    parser.add_argument("--threads", type=int,
+                        help="threads for metagraph, PyTorch and numpy's BLAS (default: "
+                             "METAGRAPH_NUM_THREADS, else the CPUs this process may use)")
     parser.add_argument("--library", action="store_true",
                         help="run einsum-like contractions through numpy's BLAS (METAGRAPH_LIBRARY=1)")
     parser.add_argument("--backends", action="store_true",
                         help="compare the code generators (c, llvm, bang) instead of PyTorch")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error("--threads must be at least 1")
+        set_threads(args.threads)
     if args.backends:
         compare_backends(args.repeat, args.json)
         return
-    chosen = set(args.only.split(",")) if args.only else set(WORKLOADS) | {"W8"}
+    try:
+        chosen = chosen_ids(args.only, ids) if args.only else set(ids)
+    except ValueError as error:
+        parser.error(str(error))
     torch = _torch()
     mg.flags.LIBRARY = 1 if args.library else mg.flags.LIBRARY
     print(f"metagraph {mg.get_backend()} backend, {mg.flags.NUM_THREADS} threads, "
@@ -322,16 +318,12 @@ def main(argv=None):
           f"PyTorch {torch.__version__ if torch else 'not installed'}", flush=True)
     rows = []
     for key, (title, make) in WORKLOADS.items():
-        if key not in chosen:
-            continue
-        ours, theirs, unit, work = make(torch)
-        mine, *other = median_seconds([ours] + ([theirs] if theirs is not None else []), args.repeat)
-        row = {"id": key, "workload": title, "unit": unit, "metagraph": _figure(unit, work, mine)}
-        if theirs is not None:
-            row["pytorch"] = _figure(unit, work, other[0])
-            row["ratio"] = other[0] / mine
-        rows.append(row)
-        print(_format(row), flush=True)
+        if key in chosen:
+            rows.append(measure(key, title, make, torch, args.repeat))
+            print(_format(rows[-1]), flush=True)
+    if summary := geometric_mean(rows):
+        rows.append(summary)
+        print(_format(summary), flush=True)
     if "W8" in chosen:
         seconds, accuracy = digits_time_to_95()
         row = {"id": "W8", "workload": "digits MLP, seconds to 95% test accuracy", "unit": "s",
@@ -354,6 +346,10 @@ def _format(row):
     text = f"{row['id']:<7} {row['workload']:<55} {row['unit']:<9} metagraph {number(row['metagraph']):>8}"
     if "pytorch" in row:
         text += f"  pytorch {number(row['pytorch']):>8}  ratio {row['ratio']:.2f}"
+    for name, figure in row.get("references", {}).items():
+        text += f"  {name} {number(figure):>8}"
+    if "of_roof" in row:
+        text += f"  metagraph/roof {row['of_roof']:.2f}"
     if "final_accuracy" in row:
         text += f"  final accuracy {row['final_accuracy']:.3f}"
     return text
