@@ -122,7 +122,7 @@ class CompiledBackend:
     @property
     def target(self):
         """What this backend offers lowering (compiler/lower.py)."""
-        return Target(self.renders, self.accumulator_registers, self.read_slack)
+        return Target(self.renders, self.accumulator_registers, self.read_slack, flags.NUM_THREADS)
 
     # ---- what a code generator provides ---------------------------------------------------
     def render(self, kernels):

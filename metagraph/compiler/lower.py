@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from metagraph import dtypes
-from metagraph.compiler import cascade, contraction, decompose, gather, ir, rows
+from metagraph.compiler import cascade, contraction, decompose, gather, ir, rewrites, rows
 from metagraph.compiler.fusion import materialised
 from metagraph.compiler.nest import ACC_REGISTERS, Nest
 from metagraph.compiler.simplify import simplify, substitute
@@ -60,10 +60,12 @@ def _defines_block(statements):
 class Target:
     """What the backend offers lowering: the table ops it renders (None: every row; the others
     are decomposed), how many vector registers a register tile may fill, and how many bytes past
-    the end of a buffer the schedule allocates its kernels may read."""
+    the end of a buffer the schedule allocates its kernels may read, and how many threads run
+    its kernels."""
     renders: frozenset = None
     registers: int = ACC_REGISTERS
     slack: int = 0
+    threads: int = 1
 
 
 class _Refuse(Exception):
@@ -387,6 +389,7 @@ class _Lowering:
             kind = "r" if self.reduce_parts else "e"
         body = cascade.blocked_sums(body, self.extents)
         params = [param for _, param in self.params]
+        body = rewrites.reuse_panels(body, self.extents, params, self.target.threads)
         positions = [position for position, _ in self.params]
         shape = "x".join(map(str, node.shape)) or "scalar"
         digest = hashlib.sha1(ir.describe((body, params)).encode()).hexdigest()[:8]

@@ -1,0 +1,153 @@
+"""Schedule rewrites (compiler/rewrites.py) keep every kernel's values: random legal sequences of
+split, interchange and stage on the kernels of random graphs, on every code generator, against
+the numpy oracle; and the panel-reuse rule stages where it should and nowhere else."""
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import metagraph as mg
+from metagraph.compiler import ir, rewrites
+from metagraph.compiler.access import loop_variables
+from metagraph.compiler.graph import pending_graph
+from metagraph.compiler.lower import Target, schedule
+from metagraph.ops.linalg import matmul
+from metagraph.ops.loss import softmax
+from tests.backends.conftest import BACKENDS, against_oracle
+from tests.backends.test_random_graphs import _graph
+
+COMPILED = [name for name in BACKENDS if name != "numpy"]     # the oracle lowers nothing
+SETTINGS = settings(max_examples=int(os.environ.get("METAGRAPH_HYPOTHESIS_EXAMPLES", 25)), deadline=None,
+                    derandomize=not os.environ.get("METAGRAPH_HYPOTHESIS_RANDOM"),
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.function_scoped_fixture])
+STAGE_MAX = 4096          # elements a random stage may copy
+
+
+def _loops(body, path=()):
+    for k, s in enumerate(body):
+        if isinstance(s, ir.Loop):
+            yield path + (k,), s
+            yield from _loops(s.body, path + (k,))
+
+
+def _reads(loop):
+    for _, inner in _loops([loop]):
+        for s in inner.body:
+            if not isinstance(s, ir.Loop) and getattr(s, "value", None) is not None:
+                yield from (v for v in ir.values(s.value) if isinstance(v, ir.Load))
+
+
+def _moves(body, extents, params):
+    """(path to a loop, primitive name, argument) for every legal application in `body`."""
+    for path, loop in _loops(body):
+        if loop.kind != ir.VECTOR:
+            for factor in range(2, loop.extent):
+                if loop.extent % factor == 0:
+                    yield path, "split", factor
+        if len(loop.body) == 1 and isinstance(loop.body[0], ir.Loop) and \
+                ir.REDUCE not in (loop.kind, loop.body[0].kind) and not rewrites._scatters(loop.body):
+            yield path, "interchange", None
+        inside = {inner.var: inner.extent for _, inner in _loops(loop.body)}
+        for read in _reads(loop):
+            size = np.prod([inside[v] for v in loop_variables(read) if v in inside])
+            if not params[read.param].output and size <= STAGE_MAX:
+                yield path, "stage", read
+
+
+def _applied(body, path, make):
+    body = list(body)
+    if len(path) == 1:
+        body[path[0]] = make(body[path[0]])
+    else:
+        loop = body[path[0]]
+        body[path[0]] = ir.Loop(loop.var, loop.extent, loop.kind, _applied(loop.body, path[1:], make))
+    return body
+
+
+def _random_rewrites(choices):
+    """A stand-in for rewrites.reuse_panels applying legal primitives picked by `choices` (drawn
+    beforehand: whether a kernel is lowered at all depends on caches, which hypothesis must not see)."""
+    def rewrite(body, extents, params, threads):
+        for n, choice in enumerate(choices):
+            moves = list(_moves(body, extents, params))
+            if not moves:
+                break
+            path, name, argument = moves[choice % len(moves)]
+            make = {"split": lambda loop: rewrites.split(loop, argument, extents),
+                    "interchange": rewrites.interchange,
+                    "stage": lambda loop: rewrites.stage(loop, argument, extents, f"stage{n}")}[name]
+            body = _applied(body, path, make)
+        return body
+    return rewrite
+
+
+SIZES = st.sampled_from([1, 3, 4, 8, 12, 16])
+
+
+def _contraction(data):
+    """A matmul (batched or not) with an element-wise or row epilogue: register tiles, row blocks
+    and dot products."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16), label="seed"))
+    batch = data.draw(st.lists(st.sampled_from([1, 2, 3]), max_size=1), label="batch")
+    m, k, n = (data.draw(SIZES, label=name) for name in "mkn")
+    a = mg.tensor(rng.standard_normal((*batch, m, k)).astype(np.float32)).node
+    b = mg.tensor(rng.standard_normal((k, n)).astype(np.float32)).node
+    out = matmul(a, b)
+    epilogue = data.draw(st.sampled_from(["none", "relu", "softmax"]), label="epilogue")
+    return out if epilogue == "none" else mg.nn.functional.relu(mg.Tensor(out)).node \
+        if epilogue == "relu" else softmax(out, -1)
+
+
+@pytest.mark.parametrize("backend", COMPILED, indirect=True)
+@SETTINGS
+@given(data=st.data())
+def test_random_rewrites_keep_the_values(backend, data, monkeypatch):
+    choices = data.draw(st.lists(st.integers(0, 2 ** 20), min_size=1, max_size=4), label="rewrites")
+    out = _contraction(data) if data.draw(st.booleans(), label="contraction") else _graph(data)[0]
+    monkeypatch.setattr(rewrites, "reuse_panels", _random_rewrites(choices))
+    backend.schedules.clear()           # lower this graph again, whatever was cached for it
+    against_oracle(backend, [out])
+
+
+def _staged(nodes, threads=1):
+    graph = pending_graph(nodes)
+    names = set()
+    for step in schedule(graph, Target(threads=threads)):
+        for _, loop in _loops(step.kernel.body if step.kernel else []):
+            names |= {s.name for s in loop.body if isinstance(s, ir.Define) and s.name.startswith("panel")}
+    return names
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_a_panel_read_again_per_row_block_is_staged(backend, threads):
+    rng = np.random.default_rng(3)
+    # panels of 512 x 32 floats (64 KiB) over 20 column tiles: 1.3 MiB, re-read per row block
+    a = mg.tensor(rng.standard_normal((64, 512)).astype(np.float32))
+    b = mg.tensor(rng.standard_normal((512, 640)).astype(np.float32))
+    out = (a @ b).node
+    assert _staged([out], threads)
+    against_oracle(backend, [out])
+
+
+def test_no_panel_where_the_cache_holds_the_operand():
+    rng = np.random.default_rng(4)
+    small = mg.tensor(rng.standard_normal((64, 64)).astype(np.float32))
+    assert not _staged([(small @ small).node])
+    # one row block: nothing shares a panel
+    row = mg.tensor(rng.standard_normal((1, 512)).astype(np.float32))
+    wide = mg.tensor(rng.standard_normal((512, 640)).astype(np.float32))
+    assert not _staged([(row @ wide).node])
+
+
+def test_primitives_refuse_what_is_not_legal():
+    loop = ir.Loop(0, 6, ir.SERIAL, [ir.Loop(1, 4, ir.REDUCE, [])])
+    with pytest.raises(ValueError, match="does not divide"):
+        rewrites.split(loop, 4, {0: 6, 1: 4})
+    with pytest.raises(ValueError, match="reduction"):
+        rewrites.interchange(loop)
+    with pytest.raises(ValueError, match="not a single loop"):
+        rewrites.interchange(ir.Loop(0, 6, ir.SERIAL, []))
