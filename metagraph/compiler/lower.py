@@ -389,7 +389,7 @@ class _Lowering:
             kind = "r" if self.reduce_parts else "e"
         body = cascade.blocked_sums(body, self.extents)
         params = [param for _, param in self.params]
-        body = rewrites.reuse_panels(body, self.extents, params, self.target.threads)
+        body = rewrites.scheduled(body, self.extents, params, self.target.threads)
         positions = [position for position, _ in self.params]
         shape = "x".join(map(str, node.shape)) or "scalar"
         digest = hashlib.sha1(ir.describe((body, params)).encode()).hexdigest()[:8]

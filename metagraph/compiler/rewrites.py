@@ -1,5 +1,5 @@
 """Schedule rewrites on a finished loop nest: small, legal transformations of the kernel IR, and the
-rule that composes them.
+rules that compose them (`scheduled`).
 
 Primitives (each returns new statements; the kernel's `extents` gains any variable it creates):
 - `split(loop, factor)`: `for v < n` becomes `for vo < n/factor: for vi < factor` with v replaced
@@ -8,7 +8,8 @@ Primitives (each returns new statements; the kernel's `extents` gains any variab
 - `stage(loop, load)`: the values `load` reads inside `loop` are copied, once per iteration of
   `loop`, into a local array laid out in the order its loops read it, and read from there.
 
-Rule (`reuse_panels`): in a chain of output loops P > Q around a reduction, an operand that does not
+Rules: `spread_threads` gives the threads an output loop when the parallel one is too short (the
+batch, at batch 1). `reuse_panels`: in a chain of output loops P > Q around a reduction, an operand that does not
 vary along P but does along Q (a matmul's right-hand panel of one column tile over the whole
 reduction) is read again from memory for every iteration of P when its panels together exceed the
 cache. Split P into chunks, move the chunk loop inside Q and stage the operand at Q: the panel is
@@ -147,10 +148,27 @@ def _statements(body):
             yield s
 
 
-# ---- the rule ----------------------------------------------------------------------------------
+# ---- the rules ---------------------------------------------------------------------------------
+
+def scheduled(body, extents, params, threads):
+    """The kernel body with the rules applied where they hold: threads first, then panels."""
+    body = [spread_threads(s, threads) if isinstance(s, ir.Loop) else s for s in body]
+    return reuse_panels(body, extents, params, threads)
+
+
+def spread_threads(loop, threads):
+    """A parallel loop shorter than the thread count (the batch, at batch 1) traded for the output
+    loop inside it while it can be: the threads then share output channels or rows, not one
+    image. ResNet-18 at batch 1 ran every convolution on one core."""
+    while loop.kind == ir.PARALLEL and loop.extent < threads and len(loop.body) == 1 and \
+            isinstance(loop.body[0], ir.Loop) and loop.body[0].kind == ir.SERIAL and \
+            loop.body[0].extent > loop.extent and not _scatters(loop.body):
+        loop = interchange(loop)
+    return loop
+
 
 def reuse_panels(body, extents, params, threads):
-    """The kernel body with the rule of the module docstring applied where it holds."""
+    """The kernel body with the panel rule of the module docstring applied where it holds."""
     out = []
     for s in body:
         out.append(_panel_reused(s, extents, params, threads) if isinstance(s, ir.Loop) else s)

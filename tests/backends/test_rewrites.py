@@ -68,7 +68,7 @@ def _applied(body, path, make):
 
 
 def _random_rewrites(choices):
-    """A stand-in for rewrites.reuse_panels applying legal primitives picked by `choices` (drawn
+    """A stand-in for rewrites.scheduled applying legal primitives picked by `choices` (drawn
     beforehand: whether a kernel is lowered at all depends on caches, which hypothesis must not see)."""
     def rewrite(body, extents, params, threads):
         for n, choice in enumerate(choices):
@@ -107,7 +107,7 @@ def _contraction(data):
 def test_random_rewrites_keep_the_values(backend, data, monkeypatch):
     choices = data.draw(st.lists(st.integers(0, 2 ** 20), min_size=1, max_size=4), label="rewrites")
     out = _contraction(data) if data.draw(st.booleans(), label="contraction") else _graph(data)[0]
-    monkeypatch.setattr(rewrites, "reuse_panels", _random_rewrites(choices))
+    monkeypatch.setattr(rewrites, "scheduled", _random_rewrites(choices))
     backend.schedules.clear()           # lower this graph again, whatever was cached for it
     against_oracle(backend, [out])
 
@@ -151,3 +151,15 @@ def test_primitives_refuse_what_is_not_legal():
         rewrites.interchange(loop)
     with pytest.raises(ValueError, match="not a single loop"):
         rewrites.interchange(ir.Loop(0, 6, ir.SERIAL, []))
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_at_batch_one_the_threads_share_the_output_channels(backend):
+    rng = np.random.default_rng(5)
+    x = mg.tensor(rng.standard_normal((1, 8, 9, 9)).astype(np.float32))
+    w = mg.tensor(rng.standard_normal((16, 8, 3, 3)).astype(np.float32))
+    out = mg.nn.functional.relu(mg.nn.functional.conv2d(x, w, padding=1)).node
+    for step in schedule(pending_graph([out]), Target(threads=2)):
+        (outer,) = [s for s in step.kernel.body if isinstance(s, ir.Loop)]
+        assert outer.kind == ir.PARALLEL and outer.extent >= 2, step.kernel.name
+    against_oracle(backend, [out])
