@@ -25,6 +25,7 @@ from metagraph.expr import Const, Var, linear_terms, variables
 PACK_BYTES = 64 * 1024    # a packed operand slice (`Nest.packed`) at most this large
 TILE_PACK_BYTES = 192 * 1024   # a channel tile's packed operand (`Nest.channel_tile`), in L2
 PANEL_BYTES = 512 * 1024       # a transposed operand's panel (`Nest.transposed_panel`): half of L2
+PANEL_REUSE_MIN = 4            # ... copied only for at least this many output rows that reuse it
 ROW_MIN, ROW_MAX = 8, 1024   # output rows this long are accumulated whole, their loop innermost
 # A register tile of at most ACC_REGISTERS vectors stays in registers for the whole reduction
 # (AVX-512 has 32; a backend may ask for fewer): matmul 1024^3 went from 78-88 to 117-160
@@ -173,7 +174,8 @@ class Nest:
         widest = max(1, self.registers // 8) * lanes       # 8 register-blocked rows of the tile fit
         tile = next((t for t in range(min(length // 2, widest), lanes - 1, -lanes)
                      if length % t == 0 and t * depth * itemsize <= PANEL_BYTES), None)
-        if tile is None or any(d >= last for d in reads):
+        reuse = math.prod(self.extents[d] for d in range(last) if d not in reads)
+        if tile is None or any(d >= last for d in reads) or reuse < PANEL_REUSE_MIN:
             return None
         value, store, row = self.split_row(node, value, store, tile)
         (operand,) = [load for load in ir.loads(value) if row in loop_variables(load)]
