@@ -259,15 +259,17 @@ class Renderer:
             return "simd", []
         accumulate = [s for s in loop.body if isinstance(s, ir.Accumulate) and s.index is None]
         if loop.kind == ir.REDUCE and accumulate:
-            name, op = accumulate[0].name, accumulate[0].op
-            acc = self.accumulators[name]
-            symbol = {"add": "+", "mul": "*", "max": "max"}[op]
-            if acc.dtype == dtypes.bool_:
-                symbol = {"add": "|", "mul": "&", "max": "|"}[op]
-            clause = f"simd reduction({symbol}:{name})"
-            if op == "max" and acc.dtype.is_float:
-                return f"{clause} reduction(|:{name}_nan)", [f"if ({name}_nan) {name} = NAN;"]
-            return clause, []
+            clauses, after = ["simd"], []      # every accumulator (jammed dot products have several)
+            for name in dict.fromkeys(s.name for s in accumulate):
+                acc = self.accumulators[name]
+                symbol = {"add": "+", "mul": "*", "max": "max"}[acc.op]
+                if acc.dtype == dtypes.bool_:
+                    symbol = {"add": "|", "mul": "&", "max": "|"}[acc.op]
+                clauses.append(f"reduction({symbol}:{name})")
+                if acc.op == "max" and acc.dtype.is_float:
+                    clauses.append(f"reduction(|:{name}_nan)")
+                    after.append(f"if ({name}_nan) {name} = NAN;")
+            return " ".join(clauses), after
         if not worth_threads(loop):
             return None, []
         return f"parallel for schedule(static) num_threads({THREADS})", []

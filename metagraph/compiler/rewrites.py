@@ -5,6 +5,8 @@ Primitives (each returns new statements; the kernel's `extents` gains any variab
 - `split(loop, factor)`: `for v < n` becomes `for vo < n/factor: for vi < factor` with v replaced
   by vo * factor + vi;
 - `interchange(loop)`: a loop whose body is one loop trades places with it;
+- `unroll_and_jam(loop)`: the loop's body once, each statement in it repeated per value of the
+  loop's variable (accumulators renamed apart), so that copies share their loads;
 - `stage(loop, load)`: the values `load` reads inside `loop` are copied, once per iteration of
   `loop`, into a local array laid out in the order its loops read it, and read from there.
 
@@ -89,6 +91,31 @@ def stage(loop, load, extents, name):
     body = [_replace_reads(s, load, ref) for s in loop.body]
     return ir.Loop(loop.var, loop.extent, loop.kind,
                    [ir.Define(name, load.dtype, None, size=size)] + copy + body)
+
+
+def unroll_and_jam(loop, extents):
+    """The loop's body once, every statement in it (inside its inner loops too) repeated for each
+    value of the loop's variable, the copies' accumulators and local arrays renamed apart (`acc`
+    becomes `acc_0`, `acc_1`, ...): a reduction then computes `extent` outputs per pass over its
+    operands, each load shared by the copies that read it. Legal for an output loop, whose
+    iterations write apart; refused where an iteration accumulates into shared memory."""
+    if loop.kind == ir.REDUCE or _scatters(loop.body):
+        raise ValueError("unroll_and_jam: a reduction or a scatter depends on the loop's order")
+    names = {s.name for s in _statements(loop.body) if isinstance(s, ir.Define)}
+    if any(isinstance(s, (ir.Accumulate, ir.Assign)) and s.name not in names for s in _statements(loop.body)):
+        raise ValueError("unroll_and_jam: the loop writes a local array or accumulator defined outside it")
+
+    def copies(statement):
+        if isinstance(statement, ir.Loop):
+            return [ir.Loop(statement.var, statement.extent, statement.kind,
+                            [c for inner in statement.body for c in copies(inner)])]
+        out = []
+        for k in range(loop.extent):
+            mapping = Replace({loop.var: Const(k)})
+            out.append(ir.rewritten_statement(statement, lambda e: simplify(substitute(e, mapping), extents),
+                                              {name: f"{name}_{k}" for name in names}))
+        return out
+    return [c for s in loop.body for c in copies(s)]
 
 
 def _row_major(loops, names, extents):

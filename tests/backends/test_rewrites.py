@@ -1,5 +1,5 @@
 """Schedule rewrites (compiler/rewrites.py) keep every kernel's values: random legal sequences of
-split, interchange and stage on the kernels of random graphs, on every code generator, against
+split, interchange, unroll-and-jam and stage on the kernels of random graphs, on every code generator, against
 the numpy oracle; and the panel-reuse rule stages where it should and nowhere else."""
 import os
 
@@ -40,6 +40,12 @@ def _reads(loop):
                 yield from (v for v in ir.values(s.value) if isinstance(v, ir.Load))
 
 
+def _writes_only_its_own(loop):
+    statements = list(rewrites._statements(loop.body))
+    own = {s.name for s in statements if isinstance(s, ir.Define)}
+    return all(s.name in own for s in statements if isinstance(s, (ir.Accumulate, ir.Assign)))
+
+
 def _moves(body, extents, params):
     """(path to a loop, primitive name, argument) for every legal application in `body`."""
     for path, loop in _loops(body):
@@ -47,6 +53,9 @@ def _moves(body, extents, params):
             for factor in range(2, loop.extent):
                 if loop.extent % factor == 0:
                     yield path, "split", factor
+        if loop.kind != ir.REDUCE and loop.extent <= 4 and not rewrites._scatters(loop.body) and \
+                _writes_only_its_own(loop):
+            yield path, "unroll_and_jam", None
         if len(loop.body) == 1 and isinstance(loop.body[0], ir.Loop) and \
                 ir.REDUCE not in (loop.kind, loop.body[0].kind) and not rewrites._scatters(loop.body):
             yield path, "interchange", None
@@ -67,6 +76,22 @@ def _applied(body, path, make):
     return body
 
 
+def _at(body, path):
+    for k in path[:-1]:
+        body = body[k].body
+    return body[path[-1]]
+
+
+def _replaced(body, path, statements):
+    """`body` with the statement at `path` replaced by `statements`."""
+    body = list(body)
+    if len(path) == 1:
+        return body[:path[0]] + statements + body[path[0] + 1:]
+    loop = body[path[0]]
+    body[path[0]] = ir.Loop(loop.var, loop.extent, loop.kind, _replaced(loop.body, path[1:], statements))
+    return body
+
+
 def _random_rewrites(choices):
     """A stand-in for rewrites.scheduled applying legal primitives picked by `choices` (drawn
     beforehand: whether a kernel is lowered at all depends on caches, which hypothesis must not see)."""
@@ -76,6 +101,9 @@ def _random_rewrites(choices):
             if not moves:
                 break
             path, name, argument = moves[choice % len(moves)]
+            if name == "unroll_and_jam":
+                body = _replaced(body, path, rewrites.unroll_and_jam(_at(body, path), extents))
+                continue
             make = {"split": lambda loop: rewrites.split(loop, argument, extents),
                     "interchange": rewrites.interchange,
                     "stage": lambda loop: rewrites.stage(loop, argument, extents, f"stage{n}")}[name]
@@ -151,6 +179,11 @@ def test_primitives_refuse_what_is_not_legal():
         rewrites.interchange(loop)
     with pytest.raises(ValueError, match="not a single loop"):
         rewrites.interchange(ir.Loop(0, 6, ir.SERIAL, []))
+    with pytest.raises(ValueError, match="reduction"):
+        rewrites.unroll_and_jam(ir.Loop(1, 4, ir.REDUCE, []), {1: 4})
+    outer_sum = ir.Loop(0, 3, ir.SERIAL, [ir.Accumulate("acc", "add", ir.Scalar(1.0, mg.float32))])
+    with pytest.raises(ValueError, match="defined outside"):
+        rewrites.unroll_and_jam(outer_sum, {0: 3})
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
