@@ -9,8 +9,8 @@ from metagraph.creation import (arange, empty, eye, full, full_like, linspace, o
                                 zeros_like)
 from metagraph.dtypes import (bool_ as bool, float16, float32, float64, int8, int16, int32, int64,
                               uint8)
-from metagraph.errors import (ArgumentError, DTypeError, ExprError, IndexOutOfRange, MetagraphError,
-                              ShapeError)
+from metagraph.errors import (ArgumentError, CompileError, DTypeError, ExprError, IndexOutOfRange,
+                              MetagraphError, OutOfMemory, ShapeError, Unsupported)
 from metagraph.grad import enable_grad, grad, inference_mode, no_grad, set_grad_enabled
 from metagraph.device import check as _check_device, device
 from metagraph.ops import index as _ix, linalg as _linalg, math as _m, movement as _mv
@@ -22,7 +22,7 @@ from metagraph import backend, flags
 from metagraph.random import Generator, manual_seed
 from metagraph.runtime.executor import empty_cache
 from metagraph.runtime.profiler import profile
-from metagraph.serialization import load, save
+from metagraph.serialization import CheckpointError, load, save
 from metagraph.tensor import Tensor, lift as _lift
 
 half, double, long = float16, float64, int64
@@ -119,3 +119,5 @@ def one_hot(x, num_classes=-1):
 
 
 from metagraph import data, datasets, models, nn, optim, utils  # noqa: E402  (they build on all above)
+from metagraph.data import LoaderTimeout  # noqa: E402
+

@@ -37,7 +37,7 @@ import numpy as np
 import metagraph as mg
 import metagraph.nn.functional as F
 from metagraph.bench_kernels import WORKLOADS as kernel_workloads, conv, matmul, random_array
-from metagraph.bench_transformer import WORKLOADS as transformer_workloads
+from metagraph.bench_transformer import WORKLOADS as transformer_workloads, training_step
 from metagraph.bench_zoo import WORKLOADS as zoo_workloads, geometric_mean, inference, twin
 
 
@@ -96,27 +96,15 @@ def w2(torch):
 def w6(torch):
     data, labels = random_array(32, 3, 32, 32), np.random.default_rng(0).integers(0, 10, 32)
     model = mg.models.resnet18(num_classes=10)
-    optimizer = mg.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = mg.tensor(data), mg.tensor(labels)
-
-    def ours():
-        loss = F.cross_entropy(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss.item()
+    ours = training_step(lambda: F.cross_entropy(model(x), y),
+                         mg.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
     theirs = None
     if torch:
         reference = twin(torch, "resnet18", model, num_classes=10).train()
-        torch_optimizer = torch.optim.SGD(reference.parameters(), lr=0.01, momentum=0.9)
         tx, ty = torch.from_numpy(data), torch.from_numpy(labels)
-
-        def theirs():
-            loss = torch.nn.functional.cross_entropy(reference(tx), ty)
-            torch_optimizer.zero_grad()
-            loss.backward()
-            torch_optimizer.step()
-            return loss.item()
+        theirs = training_step(lambda: torch.nn.functional.cross_entropy(reference(tx), ty),
+                               torch.optim.SGD(reference.parameters(), lr=0.01, momentum=0.9))
     return ours, theirs, "images/s", 32
 
 

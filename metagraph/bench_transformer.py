@@ -81,32 +81,32 @@ def _block_workload(train):
     return workload
 
 
-def gpt_training(torch):
-    """W11: one AdamW step of the examples' GPT on 32 x 128 random bytes; tokens per second."""
-    tokens = np.random.default_rng(0).integers(0, 256, (GPT_BATCH, GPT_CONTEXT + 1))
-    model = mg.models.gpt(256, GPT_CONTEXT)
-    optimizer = mg.optim.AdamW(model.parameters(), lr=3e-4)
-    x, y = mg.tensor(tokens[:, :-1]), mg.tensor(tokens[:, 1:].reshape(-1))
-
-    def ours():
-        loss = F.cross_entropy(model(x).reshape(-1, 256), y)
+def training_step(compute_loss, optimizer):
+    """One optimiser step as a workload call, for either framework: compute_loss(), then
+    zero_grad, backward and step; returns the loss as a Python float (a sync point)."""
+    def step():
+        loss = compute_loss()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         return loss.item()
+    return step
+
+
+def gpt_training(torch):
+    """W11: one AdamW step of the examples' GPT on 32 x 128 random bytes; tokens per second."""
+    tokens = np.random.default_rng(0).integers(0, 256, (GPT_BATCH, GPT_CONTEXT + 1))
+    model = mg.models.gpt(256, GPT_CONTEXT)
+    x, y = mg.tensor(tokens[:, :-1]), mg.tensor(tokens[:, 1:].reshape(-1))
+    ours = training_step(lambda: F.cross_entropy(model(x).reshape(-1, 256), y),
+                         mg.optim.AdamW(model.parameters(), lr=3e-4))
     theirs = None
     if torch:
         reference = _torch_modules(torch)[1](256, GPT_CONTEXT, 128, 4, 4)
         _copy_weights(torch, model, reference)
-        torch_optimizer = torch.optim.AdamW(reference.parameters(), lr=3e-4)
         tx, ty = torch.from_numpy(tokens[:, :-1]), torch.from_numpy(tokens[:, 1:].reshape(-1))
-
-        def theirs():
-            loss = torch.nn.functional.cross_entropy(reference(tx).reshape(-1, 256), ty)
-            torch_optimizer.zero_grad()
-            loss.backward()
-            torch_optimizer.step()
-            return loss.item()
+        theirs = training_step(lambda: torch.nn.functional.cross_entropy(reference(tx).reshape(-1, 256), ty),
+                               torch.optim.AdamW(reference.parameters(), lr=3e-4))
     return ours, theirs, "tokens/s", GPT_BATCH * GPT_CONTEXT
 
 

@@ -60,3 +60,7 @@ def at(location):
 def fail(kind, op, message):
     """Raise `kind` for operation `op`, naming the user's line."""
     raise kind(f"{op}: {message} (at {at(user_location())})")
+
+
+class CompileError(MetagraphError):
+    """A toolchain rejected generated code, or no working toolchain exists."""

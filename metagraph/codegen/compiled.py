@@ -22,7 +22,7 @@ from metagraph.compiler import ir
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import Target, schedule
 from metagraph.compiler.nest import ACC_REGISTERS
-from metagraph.errors import MetagraphError, at
+from metagraph.errors import CompileError, MetagraphError, at  # noqa: F401  (the backends import it here)
 from metagraph.runtime import executor, profiler
 
 SCHEDULE_CACHE_SIZE = 4096
@@ -37,10 +37,6 @@ _TEMPLATES = jinja2.Environment(
 def template(name):
     """A code generator's Jinja template from codegen/templates."""
     return _TEMPLATES.get_template(name)
-
-
-class CompileError(MetagraphError):
-    """A toolchain rejected generated code, or no working toolchain exists."""
 
 
 def launcher(ffi, native):

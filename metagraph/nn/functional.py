@@ -1,5 +1,6 @@
 """PyTorch's torch.nn.functional, on metagraph Tensors (each a composition of meta-ops)."""
-from metagraph import creation
+from metagraph import creation, dtypes
+from metagraph.errors import ArgumentError, DTypeError
 from metagraph.ops import attention as at, conv, loss as ls, math as m, movement as mv, special as sp
 from metagraph.ops import conv_nd
 from metagraph.tensor import Tensor, lift
@@ -31,8 +32,23 @@ def one_hot(tensor, num_classes=-1):
     return metagraph.one_hot(tensor, num_classes)
 
 
-def relu6(x):
-    return x.clamp(0.0, 6.0)
+def hardtanh(x, min_val=-1.0, max_val=1.0, inplace=False):
+    """x limited to [min_val, max_val], as PyTorch's: the values are clamp's (NaN stays NaN, a
+    bound equal to x gives x), but the gradient is 0 at the bounds and beyond and passes at NaN
+    (clamp's is 1 at the bounds and 0 at NaN). Integer inputs stay integers, the bounds converted
+    to their dtype. inplace is accepted and ignored, as the activation modules' is."""
+    if min_val > max_val:
+        raise ArgumentError(f"hardtanh: min_val {min_val} cannot be greater than max_val {max_val}")
+    if x.dtype == dtypes.bool_:
+        raise DTypeError("hardtanh: bool inputs are not supported")
+    low, high = (m.scalar_in(bound, x.dtype, "hardtanh") for bound in (min_val, max_val))
+    passes = m.logical_not(m.logical_or(m.le(x.node, low), m.ge(x.node, high)))     # True at NaN
+    return Tensor(m.where(passes, x.node, m.clamp(x.detach().node, low, high)))
+
+
+def relu6(x, inplace=False):
+    """hardtanh(x, 0, 6), as PyTorch defines it (so the gradient is 0 at 0 and at 6)."""
+    return hardtanh(x, 0.0, 6.0)
 
 
 def leaky_relu(x, negative_slope=0.01):

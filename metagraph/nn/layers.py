@@ -5,7 +5,6 @@ from metagraph import creation
 from metagraph.errors import ArgumentError
 from metagraph.nn import functional as F
 from metagraph.nn.module import Module, Parameter
-from metagraph.ops.conv import pair
 
 
 def _uniform_parameter(shape, bound):
@@ -26,59 +25,6 @@ class Linear(Module):
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}")
-
-
-class Conv2d(Module):
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
-                 bias=True):
-        super().__init__()
-        if in_channels % groups or out_channels % groups:
-            raise ArgumentError(f"Conv2d: channels {in_channels}->{out_channels} must divide by "
-                                f"groups={groups}")
-        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
-        self.kernel_size = pair("Conv2d", kernel_size, "kernel_size")
-        self.stride, self.dilation = pair("Conv2d", stride, "stride"), pair("Conv2d", dilation, "dilation")
-        self.padding = padding if isinstance(padding, str) else pair("Conv2d", padding, "padding")
-        fan_in = in_channels // groups * self.kernel_size[0] * self.kernel_size[1]
-        bound = 1 / math.sqrt(fan_in)
-        self.weight = _uniform_parameter((out_channels, in_channels // groups) + self.kernel_size, bound)
-        self.bias = _uniform_parameter((out_channels,), bound) if bias else None
-
-    def forward(self, x):
-        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-
-    def extra_repr(self):
-        text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, " \
-            f"stride={self.stride}"
-        if self.padding not in ((0, 0), "valid"):
-            text += f", padding={self.padding}"
-        if self.dilation != (1, 1):
-            text += f", dilation={self.dilation}"
-        if self.groups != 1:
-            text += f", groups={self.groups}"
-        return text + ("" if self.bias is not None else ", bias=False")
-
-
-class ConvTranspose2d(Module):
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0,
-                 groups=1, bias=True, dilation=1):
-        super().__init__()
-        self.kernel_size = pair("ConvTranspose2d", kernel_size, "kernel_size")
-        self.stride, self.padding, self.output_padding = stride, padding, output_padding
-        self.groups, self.dilation = groups, dilation
-        self.in_channels, self.out_channels = in_channels, out_channels
-        fan_in = out_channels // groups * self.kernel_size[0] * self.kernel_size[1]
-        bound = 1 / math.sqrt(fan_in)
-        self.weight = _uniform_parameter((in_channels, out_channels // groups) + self.kernel_size, bound)
-        self.bias = _uniform_parameter((out_channels,), bound) if bias else None
-
-    def forward(self, x):
-        return F.conv_transpose2d(x, self.weight, self.bias, self.stride, self.padding, self.output_padding,
-                                  self.groups, self.dilation)
-
-    def extra_repr(self):
-        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, " \
-            f"stride={self.stride}"
 
 
 class _BatchNorm(Module):
@@ -198,7 +144,6 @@ def _activation(name, fn, **defaults):
 
 
 ReLU = _activation("ReLU", lambda x: F.relu(x))
-ReLU6 = _activation("ReLU6", lambda x: F.relu6(x))
 LeakyReLU = _activation("LeakyReLU", F.leaky_relu, negative_slope=0.01)
 GELU = _activation("GELU", F.gelu, approximate="none")
 SiLU = _activation("SiLU", lambda x: F.silu(x))
@@ -213,6 +158,33 @@ Mish = _activation("Mish", lambda x: F.mish(x))
 Hardswish = _activation("Hardswish", lambda x: F.hardswish(x))
 Hardsigmoid = _activation("Hardsigmoid", lambda x: F.hardsigmoid(x))
 Softplus = _activation("Softplus", F.softplus, beta=1.0, threshold=20.0)
+
+
+class Hardtanh(Module):
+    """x limited to [min_val, max_val] (F.hardtanh); inplace is accepted and ignored, as the other
+    activations' is."""
+
+    def __init__(self, min_val=-1.0, max_val=1.0, inplace=False):
+        super().__init__()
+        if max_val <= min_val:
+            raise ArgumentError(f"Hardtanh: max_val ({max_val}) must be greater than min_val ({min_val})")
+        self.min_val, self.max_val = min_val, max_val
+
+    def forward(self, x):
+        return F.hardtanh(x, self.min_val, self.max_val)
+
+    def extra_repr(self):
+        return f"min_val={self.min_val}, max_val={self.max_val}"
+
+
+class ReLU6(Hardtanh):
+    """Hardtanh(0, 6), as PyTorch's."""
+
+    def __init__(self, inplace=False):
+        super().__init__(0.0, 6.0)
+
+    def extra_repr(self):
+        return ""
 
 
 class PReLU(Module):

@@ -353,6 +353,8 @@ class Module:
                 continue
             value = state_dict[key]
             array = value.numpy() if isinstance(value, Tensor) else np.asarray(value)
+            if target.shape == () and array.shape == (1,):
+                array = array.reshape(())   # a PyTorch 0.3 checkpoint's scalar, as PyTorch's loader takes
             if tuple(array.shape) != target.shape:
                 raise ShapeError(f"load_state_dict for {type(self).__name__}: {key!r} has shape "
                                  f"{tuple(array.shape)} in the checkpoint but {target.shape} in the model")

@@ -157,3 +157,96 @@ def test_upsample_module_and_bad_modes():
         F.interpolate(mg.tensor(x), size=4, mode="linear")
     with pytest.raises(mg.ArgumentError):
         F.interpolate(mg.tensor(x), size=4, mode="nearest-exact", align_corners=True)
+
+
+CONV_OPTIONS = {
+    "defaults": {},
+    "tuples": dict(stride=2, padding=1, dilation=2, groups=2, bias=False),
+    "same": dict(padding="same", dilation=2),
+    "valid": dict(padding="valid", groups=2),
+    "reflect": dict(padding=1, padding_mode="reflect"),
+    "replicate_same": dict(padding="same", padding_mode="replicate", dilation=2),
+    "circular": dict(padding=2, stride=2, padding_mode="circular", bias=False),
+}
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("name", sorted(CONV_OPTIONS))
+def test_conv_of_every_rank_matches_torch(dims, name):
+    """Conv1d, Conv2d and Conv3d share one base: PyTorch's repr, state_dict, padding strings and
+    padding modes, forward and backward with PyTorch's weights."""
+    options = CONV_OPTIONS[name]
+    kernel = (3, 2, 3)[:dims] if options.get("padding") == "same" else 3
+    cls = f"Conv{dims}d"
+    ours, theirs = getattr(nn, cls)(4, 6, kernel, **options), getattr(torch.nn, cls)(4, 6, kernel, **options)
+    assert repr(ours) == repr(theirs)
+    assert [(k, tuple(v.shape)) for k, v in ours.state_dict().items()] == \
+        [(k, tuple(v.shape)) for k, v in theirs.state_dict().items()]
+    theirs = theirs.double()
+    ours.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+    ours = ours.double()
+    _compare(ours, theirs, [rand(2, 4, *(7, 6, 5)[:dims])])     # through the same probe: the parameters'
+    theirs_by_name = dict(theirs.named_parameters())            # gradients are comparable too
+    for key, parameter in ours.named_parameters():
+        np.testing.assert_allclose(parameter.grad.numpy(), theirs_by_name[key].grad.numpy(), rtol=1e-9,
+                                   atol=1e-9, err_msg=key)
+
+
+TRANSPOSED_OPTIONS = {
+    "defaults": {},
+    "everything": dict(stride=2, padding=1, output_padding=1, groups=2, bias=False, dilation=2),
+}
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("name", sorted(TRANSPOSED_OPTIONS))
+def test_conv_transpose_of_every_rank_matches_torch(dims, name):
+    """ConvTranspose1d-3d on the same base: repr, state_dict and forward as PyTorch's."""
+    options, cls = TRANSPOSED_OPTIONS[name], f"ConvTranspose{dims}d"
+    ours, theirs = getattr(nn, cls)(4, 6, 3, **options), getattr(torch.nn, cls)(4, 6, 3, **options)
+    assert repr(ours) == repr(theirs)
+    assert [(k, tuple(v.shape)) for k, v in ours.state_dict().items()] == \
+        [(k, tuple(v.shape)) for k, v in theirs.state_dict().items()]
+    ours.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+    x = rand(2, 4, *(4, 3, 3)[:dims]).astype(np.float32)
+    np.testing.assert_allclose(ours(mg.tensor(x)).numpy(), theirs(torch.tensor(x)).detach().numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls, shape, fan_in", [
+    ("Conv1d", (6, 2, 3), 6), ("Conv2d", (6, 2, 3, 3), 18), ("Conv3d", (6, 2, 3, 3, 3), 54),
+    ("ConvTranspose1d", (4, 3, 3), 9), ("ConvTranspose2d", (4, 3, 3, 3), 27),
+    ("ConvTranspose3d", (4, 3, 3, 3, 3), 81),
+])
+def test_default_initialisation_is_torchs_kaiming_uniform(cls, shape, fan_in):
+    """uniform within 1/sqrt(fan_in), weight and bias, fan_in from the weight's second axis (so
+    out_channels/groups for a transposed convolution); reset_parameters draws again."""
+    layer = getattr(nn, cls)(4, 6, 3, groups=2)
+    assert tuple(layer.weight.shape) == shape and tuple(layer.bias.shape) == (6,)
+    bound = 1 / np.sqrt(fan_in)
+    for values in (layer.weight.numpy(), layer.bias.numpy()):
+        assert np.abs(values).max() <= bound and np.abs(values).max() > bound / 2
+    before = layer.weight.numpy().copy()
+    layer.reset_parameters()
+    assert not np.array_equal(before, layer.weight.numpy()) and np.abs(layer.weight.numpy()).max() <= bound
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: nn.Conv2d(3, 4, 3, groups=2), "groups=2"),
+    (lambda: nn.ConvTranspose2d(3, 4, 3, groups=2), "groups=2"),
+    (lambda: nn.Conv1d(4, 4, 3, groups=0), "groups=0"),
+    (lambda: nn.Conv2d(2, 4, 3, padding="full"), "'full'"),
+    (lambda: nn.Conv3d(2, 4, 3, padding="same", stride=2), "stride 1"),
+    (lambda: nn.Conv2d(2, 4, 3, padding_mode="mirror"), "'mirror'"),
+    (lambda: nn.ConvTranspose2d(2, 4, 3, padding_mode="reflect"), "'reflect'"),
+    (lambda: nn.ConvTranspose1d(2, 4, 3, padding="same"), "'same'"),
+])
+def test_conv_constructor_errors_are_value_errors(make, match):
+    """What PyTorch refuses with a ValueError (or fails on later), refused when the layer is built."""
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_kernel_size_must_have_the_rank():
+    with pytest.raises(mg.ShapeError, match="kernel_size must be an int or 2 ints"):
+        nn.Conv2d(2, 4, (3, 3, 3))

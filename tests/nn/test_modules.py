@@ -81,6 +81,28 @@ def test_load_state_dict_round_trip_and_errors():
     assert unexpected == ["extra"] and missing == []
 
 
+def test_load_state_dict_takes_a_one_element_vector_for_a_scalar_as_torch_does():
+    """PyTorch's Module._load_from_state_dict loads a (1,) tensor into a 0-d parameter or buffer (old
+    checkpoints' num_batches_tracked); any other shape for a 0-d entry is still refused."""
+    torch = pytest.importorskip("torch")
+    for value in (np.array([7]), mg.tensor([7])):
+        bn = nn.BatchNorm1d(2)
+        bn.load_state_dict({**bn.state_dict(), "num_batches_tracked": value})
+        assert bn.num_batches_tracked.shape == () and bn.num_batches_tracked.item() == 7
+        assert bn.num_batches_tracked.dtype == mg.int64
+    theirs = torch.nn.BatchNorm1d(2)
+    theirs.load_state_dict({**theirs.state_dict(), "num_batches_tracked": torch.tensor([7])})
+    assert theirs.num_batches_tracked.shape == () and theirs.num_batches_tracked.item() == 7
+    ours = nn.BatchNorm1d(2)
+    for shape in [(2,), (1, 1), (0,)]:
+        with pytest.raises(mg.ShapeError, match=rf"'num_batches_tracked' has shape \({shape[0]},"):
+            ours.load_state_dict({**ours.state_dict(), "num_batches_tracked": np.zeros(shape, np.int64)})
+        with pytest.raises(RuntimeError, match="size mismatch for num_batches_tracked"):
+            theirs.load_state_dict({**theirs.state_dict(), "num_batches_tracked": torch.zeros(shape)})
+    with pytest.raises(mg.ShapeError, match=r"'running_mean' has shape \(1,\)"):
+        ours.load_state_dict({**ours.state_dict(), "running_mean": np.zeros(1)})
+
+
 def test_batch_norm_running_statistics_by_hand():
     bn = nn.BatchNorm2d(3, momentum=0.1)
     batches = [R.normal(2.0, 3.0, (4, 3, 2, 2)).astype(np.float32) for _ in range(3)]

@@ -364,3 +364,28 @@ def test_deepcopy_makes_new_leaves():
     x = mg.tensor(f32(4, 3))
     (linear(x).sum() + 2 * clone(x).sum()).backward()
     np.testing.assert_allclose(clone.weight.grad.numpy(), 2 * linear.weight.grad.numpy(), rtol=1e-6)
+
+
+def _layer_activation(kind, framework):
+    """The activation argument of a layer built by `framework` (metagraph's nn or torch.nn)."""
+    if kind == "function":
+        return F.silu if framework is nn else TF.silu
+    if kind == "module_with_parameters":
+        return framework.PReLU()
+    return kind
+
+
+@pytest.mark.parametrize("cls", ["TransformerEncoderLayer", "TransformerDecoderLayer"])
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "function", "module_with_parameters"])
+def test_layer_registration_order_is_torchs(cls, norm_first, batch_first, activation):
+    """The layers share one constructor; the submodules stay registered in PyTorch's order, so the
+    state_dict's keys (and shapes) come in PyTorch's order, a callable activation's parameters last."""
+    options = dict(dim_feedforward=FF, norm_first=norm_first, batch_first=batch_first)
+    ours = getattr(nn, cls)(D, HEADS, activation=_layer_activation(activation, nn), **options)
+    theirs = getattr(torch.nn, cls)(D, HEADS, activation=_layer_activation(activation, torch.nn), **options)
+    assert [(k, tuple(v.shape)) for k, v in ours.state_dict().items()] == \
+        [(k, tuple(v.shape)) for k, v in theirs.state_dict().items()]
+    assert [name for name, _ in ours.named_modules()] == [name for name, _ in theirs.named_modules()]
+    assert ours.norm_first == norm_first and ours.self_attn.batch_first == batch_first
