@@ -21,9 +21,12 @@ The rules, in the order they apply:
   a zero-bordered copy, and its vectorised loop has no bounds test per element (conv 3x3 on
   (8,64,56,56): 65-80 GFLOP/s with the test, 121-158 without);
 - the integer index tensors (extras) of a reindex or reindex_reduce are materialised;
-- a chain of inlined nodes deeper than MAX_DEPTH is cut (bounded compile time and stack).
+- a chain of inlined nodes deeper than MAX_DEPTH is cut (bounded compile time and stack), counted
+  through the shared values a kernel computes once (which a long relu chain is made of).
 Cost: 1 per element-wise op, TRANSCENDENTAL_COST per transcendental, 0 for views and loads.
 """
+import sys
+
 from metagraph.compiler.simplify import value_range
 from metagraph.ops.table import ELEMENTWISE, TABLE
 
@@ -33,9 +36,10 @@ SMALL = 1024
 TRANSCENDENTAL_COST = 4
 TRANSCENDENTAL = {"recip", "sqrt", "exp2", "log2", "sin", "cos", "pow"}
 ALWAYS_MATERIALISED = {"reduce", "reindex_reduce", "contiguous"}
-MAX_DEPTH = 128
-SHARED_DEPTH = 32      # a shared value computed once inside one kernel is at most this deep, so that
-                       # leaving it there cannot make a chain much deeper than MAX_DEPTH
+MAX_DEPTH = 512
+# Lowering and rendering walk a kernel's value tree recursively, a few frames per level:
+# `allow_depth` lets Python recurse that deep (a 100-step relu chain exceeded the default 1000).
+RECURSION_LIMIT = 12 * MAX_DEPTH
 
 
 def _consumers(graph):
@@ -77,9 +81,8 @@ def materialised(graph):
             cost[k] += TRANSCENDENTAL_COST if node.op in TRANSCENDENTAL else 1
             if consumers[k] > 1 and cost[k] > CHEAP_COST:
                 chosen.add(k)
-                if depth[k] <= SHARED_DEPTH:        # small enough to leave to one kernel
-                    shared.add(k)
-                cost[k] = depth[k] = 0      # a buffer: chains through it start again (an RNN's steps)
+                shared.add(k)       # computed once by its readers' kernel if they are one (below)
+                cost[k] = 0         # its readers do not compute it again, but its depth stays
         if node.op == "reindex":
             source = _pos(graph, node.inputs[0])
             # a padded copy pays even where a window reads its elements fewer than twice each on
@@ -128,3 +131,10 @@ def _padded(node):
     extents = dict(enumerate(node.shape))
     ranges = [value_range(expr, extents) for expr in node.attrs["index_map"]]
     return any(low < 0 or high >= size for (low, high), size in zip(ranges, node.inputs[0].shape))
+
+
+def allow_depth():
+    """Let Python recurse as deep as lowering and rendering a MAX_DEPTH chain takes (raised once for
+    the process, never lowered: another thread may be compiling)."""
+    if sys.getrecursionlimit() < RECURSION_LIMIT:
+        sys.setrecursionlimit(RECURSION_LIMIT)

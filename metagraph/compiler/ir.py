@@ -283,22 +283,40 @@ def describe(obj):
     """A text that tells kernels apart (their names hash it), linear in the size of the IR: a value
     or expression that several places share is written once and referred to by number after
     (repr() writes a shared subtree at every place, exponential in its depth: an exact rounded
-    division's DAG never finished)."""
-    memo, shared = {}, []
-
-    def walk(o):
-        if is_dataclass(o) and not isinstance(o, type):
-            if id(o) not in memo:
-                text = f"{type(o).__name__}({','.join(walk(getattr(o, f.name)) for f in fields(o))})"
+    division's DAG never finished). Iterative: a 60-op relu chain nests deeper than Python's
+    recursion limit."""
+    memo, shared, stack = {}, [], [(obj, False)]
+    while stack:
+        o, expanded = stack.pop()
+        if id(o) in memo:
+            continue
+        parts = _parts(o)
+        if parts is None:
+            memo[id(o)] = repr(o)
+        elif not expanded:
+            stack.append((o, True))
+            stack.extend((part, False) for part in reversed(parts) if id(part) not in memo)
+        else:
+            inner = ",".join(memo[id(part)] for part in parts)
+            if isinstance(o, dict):
+                text = "{" + ",".join(f"{k}:{memo[id(v)]}" for k, v in o.items()) + "}"
+            elif isinstance(o, (list, tuple)):
+                text = f"[{inner}]"
+            else:
+                text = f"{type(o).__name__}({inner})"
                 if len(text) > 48:
                     shared.append(text)
                     text = f"#{len(shared) - 1}"
-                memo[id(o)] = text
-            return memo[id(o)]
-        if isinstance(o, (list, tuple)):
-            return f"[{','.join(walk(x) for x in o)}]"
-        if isinstance(o, dict):
-            return f"{{{','.join(f'{k}:{walk(v)}' for k, v in o.items())}}}"
-        return repr(o)
-    top = walk(obj)
-    return "\n".join(shared + [top])
+            memo[id(o)] = text
+    return "\n".join(shared + [memo[id(obj)]])
+
+
+def _parts(o):
+    """The parts describe() writes inside `o`, or None for a value written as its repr."""
+    if is_dataclass(o) and not isinstance(o, type):
+        return [getattr(o, f.name) for f in fields(o)]
+    if isinstance(o, (list, tuple)):
+        return list(o)
+    if isinstance(o, dict):
+        return list(o.values())
+    return None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from metagraph import dtypes
 from metagraph.compiler import cascade, contraction, decompose, gather, ir, rewrites, rows
-from metagraph.compiler.fusion import materialised
+from metagraph.compiler.fusion import allow_depth, materialised
 from metagraph.compiler.nest import ACC_REGISTERS, Nest
 from metagraph.compiler.simplify import simplify, substitute
 from metagraph.errors import IndexOutOfRange, MetagraphError
@@ -79,6 +79,7 @@ def schedule(graph, target=Target(), library=False, tuned=None):
     """The kernel launches that compute graph's outputs, in order, for `target` (`library`:
     contractions go to a library, see contraction.py; `tuned(kernel name)`: the target that
     timing chose for that kernel instead, or None; see tuning.py)."""
+    allow_depth()
     chosen, unfusable = materialised(graph), set()
     while True:
         try:

@@ -1,4 +1,5 @@
 """How many kernels a computation takes: fusion's behaviour, pinned down."""
+import numpy as np
 import pytest
 
 import metagraph as mg
@@ -20,6 +21,28 @@ def test_twenty_element_wise_ops_are_one_kernel():
     for k in range(10):
         y = (y * 1.01 + 0.5).exp() if k % 3 == 0 else y * 0.5 - 0.25
     assert len(kernels(y)) == 1
+
+
+@pytest.mark.parametrize("length", [20, 60, 100])
+def test_a_relu_affine_chain_is_one_kernel_whatever_its_length(length):
+    """relu reads its input twice (where(y > 0, y, 0)): each value read twice is computed once in
+    the kernel, a named temporary, never materialised nor recomputed along the chain; the chain is
+    cut only past fusion.MAX_DEPTH levels (100 steps are fewer)."""
+    x = mg.rand(2 ** 16)
+    y = x
+    for k in range(length):
+        y = F.relu(y * 1.01 - 0.3) if k % 2 else y * 0.9 + 0.1
+    (step,) = kernels(y)
+    assert len(ir.describe(step.kernel.body)) < 400 * length     # linear in the chain, not 2^length
+
+
+def test_a_chain_past_the_depth_bound_is_cut_and_compiles():
+    x = mg.rand(1000)
+    y = x
+    for k in range(400):
+        y = F.relu(y * 1.01 - 0.3) if k % 2 else y * 0.9 + 0.1
+    assert 2 <= len(kernels(y)) <= 4
+    assert np.isfinite(y.numpy()).all()
 
 
 def test_matmul_is_one_kernel():
