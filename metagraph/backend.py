@@ -82,10 +82,13 @@ def realize_on_host(node):
 
 def realize(nodes):
     """Compute every node in `nodes` that has no buffer yet; afterwards each holds its buffer."""
-    updated = [ref() for ref in _deferred.values()]
-    _deferred.clear()
-    nodes = list(nodes) + [t.node for t in updated if t is not None]
-    pending = list({node.id: node for node in nodes if node.buffer is None}.values())
+    if _deferred:
+        updated = [ref() for ref in _deferred.values()]
+        _deferred.clear()
+        nodes = list(nodes) + [t.node for t in updated if t is not None]
+    pending = [node for node in nodes if node.buffer is None]
+    if len(pending) > 1:
+        pending = list({node.id: node for node in pending}.values())     # each node once
     if not pending:
         return
     get_backend()

@@ -59,8 +59,11 @@ def const(value, shape, dtype):
     """`value` broadcast over `shape` (a view; no buffer). Equal small constants share one node,
     found by the value as given (its conversion to `dtype` depends on nothing else)."""
     shape = tuple(shape)
-    sign = math.copysign(1.0, value) if isinstance(value, (float, np.floating)) else 0    # -0.0 is not 0.0
-    key = (value, type(value), shape, dtype, sign)
+    kind = type(value)
+    sign = 0
+    if kind is not int and isinstance(value, (float, np.floating)):     # -0.0 is not 0.0
+        sign = math.copysign(1.0, value)
+    key = (value, kind, shape, dtype, sign)
     try:
         node = _CONSTANTS.get(key)
     except TypeError:            # unhashable (a 0-d array, or no scalar: scalar_in says so): not kept
@@ -106,20 +109,26 @@ def expand(x, shape):
 
 def operands(op, *xs, dtype=None):
     """Nodes of one broadcast shape and one dtype (promoted unless `dtype` is given)."""
+    # The two common cases first, written for speed (they run at every call): `type(x) is Node`,
+    # not is_node(x), and `is` for dtypes (one object per DType).
     first = xs[0]
-    if is_node(first) and (dtype is None or dtype == first.dtype):
+    if type(first) is Node and (dtype is None or dtype is first.dtype):
+        shape, kind = first.shape, first.dtype
         for x in xs:
-            if not is_node(x) or x.shape != first.shape or x.dtype != first.dtype:
+            if type(x) is not Node or x.shape != shape or x.dtype is not kind:
                 break
         else:
-            return list(xs)    # nothing to promote or broadcast (most operands, at every call)
-    if dtype is None and len(xs) == 2 and is_node(xs[0]) != is_node(xs[1]):
-        node, scalar = xs if is_node(xs[0]) else xs[::-1]
-        # a weak scalar of the node's own kind (x + 1, x * 0.5): the node's dtype, as promotion says
-        kind = node.dtype
-        if (kind.is_float and type(scalar) in (int, float)) or (kind.is_int and type(scalar) is int):
-            value = const(scalar, node.shape, node.dtype)
-            return [node, value] if node is xs[0] else [value, node]
+            return xs          # nothing to promote or broadcast (most operands, at every call)
+    if dtype is None and len(xs) == 2:
+        a, b = xs
+        a_is_node = type(a) is Node
+        if a_is_node is not (type(b) is Node):
+            node, scalar = (a, b) if a_is_node else (b, a)
+            # a weak scalar of the node's own kind (x + 1, x * 0.5): the node's dtype, as promotion says
+            kind = node.dtype
+            if (kind.is_float and type(scalar) in (int, float)) or (kind.is_int and type(scalar) is int):
+                value = const(scalar, node.shape, kind)
+                return (node, value) if a_is_node else (value, node)
     dtype = dtype or result_type(*xs)
     shapes = [x.shape for x in xs if is_node(x)]
     same = shapes and all(s == shapes[0] for s in shapes)

@@ -5,10 +5,11 @@ file:line. Nothing is computed until a backend realises it; then `buffer` holds 
 unless autograd still needs its history, the node forgets its inputs and becomes a `buffer` leaf.
 """
 import itertools
+import sys
 import threading
 from contextlib import contextmanager
 
-from metagraph.errors import user_location
+from metagraph.errors import _PACKAGE_DIR
 
 
 class GradMode:
@@ -61,8 +62,40 @@ def reported_op(node):
 
 
 def current_location():
-    """Where a node built now is created: the user's line, or the one located() gives."""
-    return _building.location or user_location(3)    # past this function and its caller
+    """Where a node built now is created: the user's line (as a site, see `user_site`), or the one
+    located() gives."""
+    return _building.location or user_site(sys._getframe(2))   # past this function and its caller
+
+
+_PACKAGE_FILES = set()     # the file names of the package's code met so far
+
+
+def user_site(frame):
+    """The innermost frame outside the metagraph package from `frame` out, as (code, offset), which
+    Node.location turns into (file, line) when asked. Asked at every new node, and a frame's
+    f_lineno scans its code's line table from the start: 3 us per node at the end of a 600-line
+    script's module-level code, where training loops live. A file name test per frame (a set
+    lookup, cheaper than the str method), never a set of code objects (hashing a code object
+    hashes its bytecode and constants)."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name not in _PACKAGE_FILES:
+            if not name.startswith(_PACKAGE_DIR):
+                break
+            _PACKAGE_FILES.add(name)
+        frame = frame.f_back
+    if frame is None:
+        return ("<unknown>", 0)
+    return (frame.f_code, frame.f_lasti)
+
+
+def _file_and_line(site):
+    """(file, line) of a site from user_site."""
+    code, offset = site
+    for start, end, line in code.co_lines():
+        if start <= offset < end and line is not None:
+            return (code.co_filename, line)
+    return (code.co_filename, code.co_firstlineno)
 
 
 @contextmanager
@@ -79,27 +112,28 @@ def located(location):
 
 class Node:
     """One meta-op application in the lazy graph."""
-    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "location", "requires_grad", "leaf",
+    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "site", "requires_grad", "leaf",
                  "buffer", "owner", "id", "signature", "released", "composite",
                  "grad_hooks", "grad_group",
                  "__weakref__")     # `composite`: set on checked nodes only (`labelled`)
 
     def __init__(self, op, inputs, attrs, shape, dtype, requires_grad=None, buffer=None, location=None):
         self.op = op
-        self.inputs = tuple(inputs)
+        self.inputs = inputs = tuple(inputs)
         self.attrs = attrs
         self.shape = tuple(shape)
         self.dtype = dtype
-        self.location = location or current_location()
+        # where the user created it: `location`, the one located() gives, or the user's frame
+        # (inlined current_location: this runs for every node)
+        self.site = location or _building.location or user_site(sys._getframe(1))
         if requires_grad is None:
             requires_grad = False
-            if GradMode.enabled and dtype.is_float:
-                for source in self.inputs:
-                    if source.requires_grad:
-                        requires_grad = True
-                        break
+            for source in inputs:
+                if source.requires_grad:
+                    requires_grad = GradMode.enabled and dtype.is_float
+                    break
         self.requires_grad = requires_grad
-        self.leaf = not self.inputs      # autograd stops at leaves
+        self.leaf = not inputs           # autograd stops at leaves
         self.buffer = buffer
         self.owner = None                # weak reference to the leaf Tensor that owns this node
         self.id = next(_ids)
@@ -107,6 +141,19 @@ class Node:
         self.released = False            # a backward pass walked it without retain_graph
         self.grad_hooks = None           # gradient hooks (ops/autograd.py), rarely any
         self.grad_group = None           # a GradGroup this node's gradient waits with
+
+    @property
+    def location(self):
+        """(file, line) of the user's code that created this node."""
+        site = self.site
+        if type(site[0]) is not str:
+            site = self.site = _file_and_line(site)
+        return site
+
+    def __getstate__(self):
+        """The state to pickle or copy, its site a (file, line): code objects do not pickle."""
+        self.site = self.location
+        return super().__getstate__()
 
     @property
     def ndim(self):
@@ -175,8 +222,10 @@ def signature(node):
     inputs; graph keys made of numbers hash fast. Computed once per node. Numbers are never
     reused: a signature dropped from the full table gets a new one when it comes back."""
     if node.signature is None:
-        attrs = tuple(sorted((k, _comparable(v)) for k, v in node.attrs.items()))
-        described = (node.op, attrs, node.shape, node.dtype)
+        attrs = node.attrs
+        if attrs:          # most nodes (element-wise) have none: no sort, no generator
+            attrs = tuple(sorted([(k, _comparable(v)) for k, v in attrs.items()]))
+        described = (node.op, attrs or (), node.shape, node.dtype)
         number = _SIGNATURES.get(described)
         if number is None:
             if len(_SIGNATURES) >= SIGNATURE_TABLE_SIZE:

@@ -71,13 +71,15 @@ def attr_dtype(inputs, attrs):
 
 
 def _dtype_rule(accept, what, result=None):
+    accepted = frozenset(d for d in dtypes.ALL if accept(d))   # a set test per node, not a call
+
     def rule(inputs, attrs):
         dtype = inputs[0].dtype
         for n in inputs:
-            if n.dtype != dtype:
+            if n.dtype is not dtype:          # one DType object per type
                 raise DTypeError(f"operands need equal dtypes, got "
                                  f"{' and '.join(n.dtype.name for n in inputs)}")
-        if not accept(dtype):
+        if dtype not in accepted:
             raise DTypeError(f"expects {what} operands, got {dtype.name}")
         return result or dtype
     return rule

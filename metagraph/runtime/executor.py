@@ -23,7 +23,7 @@ def run(graph, steps, functions, sources, oracle=None, seconds=None, explain=Non
     (the offending index)."""
     buffers = {k: node.buffer for k, node in enumerate(graph.nodes) if node.buffer is not None}
     report = profiler.current()
-    error = np.zeros(1, dtype=np.int64)
+    error = np.zeros(1, np.int64)
     for step, function, source in zip(steps, functions, sources):
         node = graph.nodes[step.positions[0]]
         out = allocate(node.shape, node.dtype.np, node)
