@@ -253,12 +253,15 @@ def chosen_ids(only, ids):
 
 def measure(key, title, make, torch, repeat):
     """One row: metagraph's figure, PyTorch's and the ratio when PyTorch is installed and, for a
-    workload that names reference implementations (a fifth element, name -> fn, timed in the same
-    rounds), their figures and the roof: the best figure other than metagraph's."""
+    workload that names reference implementations (a fifth element, name -> fn), their figures and
+    the roof: the best figure other than metagraph's. References are timed after, not in the same
+    rounds: numpy's OpenBLAS threads slowed the next call of a 2-thread kernel from 211 to 130
+    GFLOP/s (PyTorch's threads do not)."""
     ours, theirs, unit, work, *more = make(torch)
     references = more[0] if more else {}
-    fns = [ours] + ([theirs] if theirs is not None else []) + list(references.values())
+    fns = [ours] + ([theirs] if theirs is not None else [])
     mine, *others = median_seconds(fns, repeat)
+    others += median_seconds(list(references.values()), repeat) if references else []
     row = {"id": key, "workload": title, "unit": unit, "metagraph": _figure(unit, work, mine)}
     if theirs is not None:
         seconds = others.pop(0)

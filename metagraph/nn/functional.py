@@ -42,8 +42,11 @@ def hardtanh(x, min_val=-1.0, max_val=1.0, inplace=False):
     if x.dtype == dtypes.bool_:
         raise DTypeError("hardtanh: bool inputs are not supported")
     low, high = (m.scalar_in(bound, x.dtype, "hardtanh") for bound in (min_val, max_val))
+    clamped = m.clamp(x.detach().node, low, high)
+    if not x.requires_grad:     # the value alone: clamp's (the mask costs MobileNetV2 0.66 -> 0.40)
+        return Tensor(clamped)
     passes = m.logical_not(m.logical_or(m.le(x.node, low), m.ge(x.node, high)))     # True at NaN
-    return Tensor(m.where(passes, x.node, m.clamp(x.detach().node, low, high)))
+    return Tensor(m.where(passes, x.node, clamped))
 
 
 def relu6(x, inplace=False):
