@@ -80,10 +80,10 @@ def schedule(graph, target=Target(), library=False, tuned=None):
     contractions go to a library, see contraction.py; `tuned(kernel name)`: the target that
     timing chose for that kernel instead, or None; see tuning.py)."""
     allow_depth()
-    chosen, unfusable = materialised(graph), set()
+    chosen, unfusable, lowered = materialised(graph), set(), {}
     while True:
         try:
-            steps = _steps(graph, chosen, unfusable, target, library)
+            steps = _steps(graph, chosen, unfusable, target, library, lowered)
             break
         except _Refuse as refused:
             for position in refused.positions:
@@ -102,7 +102,11 @@ def relower(graph, step, target):
     return other
 
 
-def _steps(graph, chosen, unfusable, target, library):
+def _steps(graph, chosen, unfusable, target, library, lowered):
+    """The steps for one choice of materialised positions. `lowered` keeps kernels across the
+    restarts of `schedule`: a kernel is lowered again only if a position it visited changed
+    between inlined and materialised (ResNet-18's training step restarted enough to lower 19,000
+    kernels for 500)."""
     contractions = {}
     for k in sorted(chosen) if library else ():
         try:
@@ -134,8 +138,14 @@ def _steps(graph, chosen, unfusable, target, library):
         if len(epilogue_reduce) > 1:          # at most one reduction per kernel: refuse the rest at
             raise _Refuse(*epilogue_reduce[1:])   # once (one restart each made a sum of n norms n^2)
         prologues = frozenset(r for r, root in prologue.items() if root == k)
-        step = _Lowering(graph, frozen, k, epilogue_reduce, target, prologues).kernel()
+        key = (k, tuple(epilogue_reduce), prologues)
+        if key in lowered and frozenset(lowered[key][0] & frozen) == lowered[key][1]:
+            steps.append(lowered[key][2])
+            continue
+        lowering = _Lowering(graph, frozen, k, epilogue_reduce, target, prologues)
+        step = lowering.kernel()
         step.lowering = (k, tuple(epilogue_reduce), prologues, frozen)
+        lowered[key] = (lowering.visited, frozenset(lowering.visited & frozen), step)
         steps.append(step)
     return steps
 
@@ -197,6 +207,7 @@ class _Lowering:
         self.params, self.param_of, self.sites, self.memo = [], {}, [], {}
         self.extents, self.accumulator = {}, None
         self.reduce_parts = None
+        self.visited = set()     # positions whose being in `chosen` decided what was built
 
     # ---- parameters ------------------------------------------------------------------------
     def param(self, position, output=False):
@@ -239,6 +250,7 @@ class _Lowering:
 
     def _value(self, node, index, valid):
         k = self.graph.position[node.id]
+        self.visited.add(k)
         if k == self.fused_reduce:
             return self.reduction(node, index)
         if k in self.prologue_reduces:
