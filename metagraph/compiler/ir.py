@@ -295,7 +295,7 @@ def describe(obj):
             memo[id(o)] = repr(o)
         elif not expanded:
             stack.append((o, True))
-            stack.extend((part, False) for part in reversed(parts) if id(part) not in memo)
+            stack.extend([(part, False) for part in reversed(parts) if id(part) not in memo])
         else:
             inner = ",".join(memo[id(part)] for part in parts)
             if isinstance(o, dict):
@@ -311,12 +311,17 @@ def describe(obj):
     return "\n".join(shared + [memo[id(obj)]])
 
 
+_FIELD_NAMES = {}      # type -> its dataclass field names, or None (not a dataclass)
+
+
 def _parts(o):
     """The parts describe() writes inside `o`, or None for a value written as its repr."""
-    if is_dataclass(o) and not isinstance(o, type):
-        return [getattr(o, f.name) for f in fields(o)]
-    if isinstance(o, (list, tuple)):
-        return list(o)
-    if isinstance(o, dict):
+    kind = type(o)
+    if kind is list or kind is tuple:
+        return o
+    if kind is dict:
         return list(o.values())
-    return None
+    if kind not in _FIELD_NAMES:
+        _FIELD_NAMES[kind] = tuple(f.name for f in fields(kind)) if is_dataclass(kind) else None
+    names = _FIELD_NAMES[kind]
+    return None if names is None else [getattr(o, name) for name in names]
