@@ -94,14 +94,16 @@ def main():
     mg.manual_seed(args.seed)
     train, validation = stdlib_text(args.seed)
     counts = np.bincount(train, minlength=256) + 1
-    unigram = -np.sum(np.bincount(validation, minlength=256) * np.log(counts / counts.sum())) / len(validation)
+    frequencies = np.bincount(validation, minlength=256)
+    unigram = -np.sum(frequencies * np.log(counts / counts.sum())) / len(validation)
     model = mg.models.gpt(256, args.context, args.d_model, args.heads, args.layers)
     optimizer = mg.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     schedule = mg.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.epochs * args.steps_per_epoch)
     print(f"metagraph {mg.get_backend()} backend; {len(train) / 1e6:.1f} MB of training text, "
           f"{len(validation) / 1e6:.2f} MB validation; {sum(p.numel() for p in model.parameters())} "
           f"parameters; unigram baseline {unigram:.3f} nats/byte")
-    rng, tokens, start = np.random.default_rng(args.seed + 1), args.batch_size * args.context, time.perf_counter()
+    rng, tokens = np.random.default_rng(args.seed + 1), args.batch_size * args.context
+    start = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
         bar = tqdm(range(args.steps_per_epoch), desc=f"epoch {epoch}", unit="step")
         for step in bar:
@@ -112,7 +114,8 @@ def main():
             loss.backward()
             optimizer.step()
             schedule.step()
-            bar.set_postfix(loss=f"{loss.item():.3f}", tokens_per_s=f"{tokens / (time.perf_counter() - tick):.0f}")
+            bar.set_postfix(loss=f"{loss.item():.3f}",
+                            tokens_per_s=f"{tokens / (time.perf_counter() - tick):.0f}")
         score = evaluate(model, validation, args.context, args.batch_size, args.eval_batches, args.seed)
         print(f"epoch {epoch}: validation loss {score:.3f} nats/byte (unigram {unigram:.3f}), "
               f"{time.perf_counter() - start:.0f} s")

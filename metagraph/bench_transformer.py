@@ -25,7 +25,8 @@ def _torch_modules(torch):
 
         def forward(self, x, mask=None):
             b, t, d = x.shape
-            q, k, v = self.qkv(self.ln1(x)).reshape(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+            q, k, v = self.qkv(self.ln1(x)).reshape(b, t, 3, self.heads, d // self.heads) \
+                .permute(2, 0, 3, 1, 4)
             scores = q @ k.transpose(-1, -2) * (1.0 / (d // self.heads) ** 0.5)
             if mask is not None:
                 scores = scores + mask

@@ -36,7 +36,8 @@ def pending_graph(outputs):
             for source in node.inputs:
                 if source.id in position:
                     continue
-                if source.buffer is not None and source.op != "const":   # a realised constant stays a constant
+                # a realised constant stays a constant
+                if source.buffer is not None and source.op != "const":
                     position[source.id] = len(nodes)
                     nodes.append(source)
                     signature.append(("buffer", source.shape, source.dtype))

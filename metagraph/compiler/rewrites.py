@@ -11,12 +11,13 @@ Primitives (each returns new statements; the kernel's `extents` gains any variab
   `loop`, into a local array laid out in the order its loops read it, and read from there.
 
 Rules: `spread_threads` gives the threads an output loop when the parallel one is too short (the
-batch, at batch 1). `reuse_panels`: in a chain of output loops P > Q around a reduction, an operand that does not
-vary along P but does along Q (a matmul's right-hand panel of one column tile over the whole
-reduction) is read again from memory for every iteration of P when its panels together exceed the
-cache. Split P into chunks, move the chunk loop inside Q and stage the operand at Q: the panel is
-then copied once per chunk, contiguous, and read from L2 by every row block of the chunk. Matmul
-2048^3 on one core re-read its right-hand side 256 times (66 GFLOP/s).
+batch, at batch 1). `reuse_panels`: in a chain of output loops P > Q around a reduction, an
+operand that does not vary along P but does along Q (a matmul's right-hand panel of one column
+tile over the whole reduction) is read again from memory for every iteration of P when its panels
+together exceed the cache. Split P into chunks, move the chunk loop inside Q and stage the operand
+at Q: the panel is then copied once per chunk, contiguous, and read from L2 by every row block of
+the chunk. Matmul 2048^3 on one core re-read its right-hand side 256 times (66 GFLOP/s; 108 now).
+`unroll_and_jam` is in no rule yet (see docs/performance.md).
 """
 import math
 

@@ -22,7 +22,8 @@ class Block(nn.Module):
         self.heads = heads
         self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.qkv, self.proj = nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
-        self.fc1, self.fc2 = nn.Linear(d_model, hidden or 4 * d_model), nn.Linear(hidden or 4 * d_model, d_model)
+        hidden = hidden or 4 * d_model
+        self.fc1, self.fc2 = nn.Linear(d_model, hidden), nn.Linear(hidden, d_model)
 
     def forward(self, x, mask=None):
         b, t, d = x.shape

@@ -74,7 +74,8 @@ def test_tensor_hooks_run_in_grad_too():
 def test_a_tensor_hook_must_keep_the_shape():
     x = mg.tensor(X, requires_grad=True)
     x.register_hook(lambda g: g.sum())
-    with pytest.raises(mg.ShapeError, match=r"gradient hook of a tensor of shape \(5, 4\) returned shape \(\)"):
+    with pytest.raises(mg.ShapeError,
+                       match=r"gradient hook of a tensor of shape \(5, 4\) returned shape \(\)"):
         (x * x).sum().backward()
     with pytest.raises(mg.MetagraphError, match="does not require grad"):
         mg.tensor(X).register_hook(lambda g: g)
