@@ -80,10 +80,10 @@ def schedule(graph, target=Target(), library=False, tuned=None):
     contractions go to a library, see contraction.py; `tuned(kernel name)`: the target that
     timing chose for that kernel instead, or None; see tuning.py)."""
     allow_depth()
-    chosen, unfusable, lowered = materialised(graph), set(), {}
+    chosen, unfusable, kept = materialised(graph), set(), Kept()
     while True:
         try:
-            steps = _steps(graph, chosen, unfusable, target, library, lowered)
+            steps = _steps(graph, chosen, unfusable, target, library, kept)
             break
         except _Refuse as refused:
             for position in refused.positions:
@@ -102,11 +102,19 @@ def relower(graph, step, target):
     return other
 
 
-def _steps(graph, chosen, unfusable, target, library, lowered):
-    """The steps for one choice of materialised positions. `lowered` keeps kernels across the
-    restarts of `schedule`: a kernel is lowered again only if a position it visited changed
-    between inlined and materialised (ResNet-18's training step restarted enough to lower 19,000
-    kernels for 500)."""
+@dataclass
+class Kept:
+    """What a restart of `schedule` need not redo (`chosen` only grows between restarts): kernels,
+    lowered again only if a position their lowering visited has been materialised since
+    (ResNet-18's training step restarted enough to lower 19,000 kernels for 500: 22 s), and each
+    root's walk for `_readers`."""
+    # (root, epilogue, prologues) -> (positions visited, those materialised then, step)
+    kernels: dict = field(default_factory=dict)
+    walks: dict = field(default_factory=dict)     # root -> (inlined positions, positions read)
+
+
+def _steps(graph, chosen, unfusable, target, library, kept):
+    """The steps for one choice of materialised positions (`kept`: what earlier restarts made)."""
     contractions = {}
     for k in sorted(chosen) if library else ():
         try:
@@ -115,7 +123,7 @@ def _steps(graph, chosen, unfusable, target, library, lowered):
             raise _Refuse(missing.position) from None
         if found is not None:
             contractions[k] = found
-    readers = _readers(graph, chosen)
+    readers = _readers(graph, chosen, kept.walks)
     fusable = {k for k in chosen - unfusable - set(contractions)
                if graph.nodes[k].op == "reduce" and k not in graph.outputs}
     fused = {}
@@ -139,32 +147,44 @@ def _steps(graph, chosen, unfusable, target, library, lowered):
             raise _Refuse(*epilogue_reduce[1:])   # once (one restart each made a sum of n norms n^2)
         prologues = frozenset(r for r, root in prologue.items() if root == k)
         key = (k, tuple(epilogue_reduce), prologues)
-        if key in lowered and frozenset(lowered[key][0] & frozen) == lowered[key][1]:
-            steps.append(lowered[key][2])
+        if key in kept.kernels and frozenset(kept.kernels[key][0] & frozen) == kept.kernels[key][1]:
+            steps.append(kept.kernels[key][2])
             continue
         lowering = _Lowering(graph, frozen, k, epilogue_reduce, target, prologues)
         step = lowering.kernel()
         step.lowering = (k, tuple(epilogue_reduce), prologues, frozen)
-        lowered[key] = (lowering.visited, frozenset(lowering.visited & frozen), step)
+        kept.kernels[key] = (lowering.visited, frozenset(lowering.visited & frozen), step)
         steps.append(step)
     return steps
 
 
-def _readers(graph, chosen):
-    """For each materialised position: the kernels (by root position) that read it."""
+def _readers(graph, chosen, walks):
+    """For each materialised position: the kernels (by root position) that read it. `walks` keeps
+    each root's walk across the restarts of `schedule`, where `chosen` only grows: a walk is redone
+    only when a position it went through inline has been materialised since."""
     readers = {}
     for root in chosen:
-        seen, stack = set(), [graph.nodes[root]]
-        while stack:
-            node = stack.pop()
-            for source in node.inputs:
-                k = graph.position[source.id]
-                if k in chosen or source.buffer is not None:
-                    readers.setdefault(k, set()).add(root)
-                elif k not in seen:
-                    seen.add(k)
-                    stack.append(source)
+        walk = walks.get(root)
+        if walk is None or not walk[0].isdisjoint(chosen):
+            walk = walks[root] = _walk(graph, chosen, root)
+        for k in walk[1]:
+            readers.setdefault(k, set()).add(root)
     return readers
+
+
+def _walk(graph, chosen, root):
+    """(positions the kernel of `root` inlines, positions it reads from buffers)."""
+    seen, reads, stack = set(), set(), [graph.nodes[root]]
+    while stack:
+        node = stack.pop()
+        for source in node.inputs:
+            k = graph.position[source.id]
+            if k in chosen or source.buffer is not None:
+                reads.add(k)
+            elif k not in seen:
+                seen.add(k)
+                stack.append(source)
+    return seen, reads
 
 
 _INIT = {"add": lambda dtype: 0, "mul": lambda dtype: 1, "max": dtypes.min_value}

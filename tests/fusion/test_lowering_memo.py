@@ -12,10 +12,15 @@ from metagraph.ops.autograd import gradients
 
 
 class _Forgetful(dict):
-    """A `lowered` table that never has anything: every restart lowers every kernel again."""
+    """A table that never has anything: every restart lowers every kernel again."""
 
     def __contains__(self, key):
         return False
+
+
+class _KeepsNothing(lower.Kept):
+    def __init__(self):
+        super().__init__(_Forgetful(), {})
 
 
 def _training_graph():
@@ -37,7 +42,7 @@ def _schedule(graph, monkeypatch, forgetful):
         return kernel(self)
     monkeypatch.setattr(lower._Lowering, "kernel", counted)
     if forgetful:
-        monkeypatch.setattr(lower, "_steps", lambda *args: steps(*args[:-1], _Forgetful()))
+        monkeypatch.setattr(lower, "_steps", lambda *args: steps(*args[:-1], _KeepsNothing()))
     names = [(step.name, tuple(step.positions)) for step in lower.schedule(graph)]
     monkeypatch.undo()
     return names, calls[0]
