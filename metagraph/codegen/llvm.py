@@ -360,16 +360,18 @@ class LLVMBackend(CompiledBackend):
             raise CompileError(f"llvmlite is unusable: {error}") from None
         self.llvm = llvm
         self.openmp = self._load_library("gomp")
-        target = llvm.Target.from_default_triple()
-        self.machine = target.create_target_machine(
-            cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3,
-            reloc="pic", codemodel="default")
+        self.machine = self._target_machine()
         identity = "\n".join(["llvm", str(llvm.llvm_version_info), self.machine.triple,
                               llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(), "O3"])
         super().__init__(KernelCache(flags.CACHE_DIR, identity, ".ll", ".o"))
-        self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self.machine)
         self.ffi = cffi.FFI()
-        self.opened = set()
+        self.engines = {}        # object file -> the MCJIT engine that loaded it
+
+    def _target_machine(self):
+        llvm = self.llvm
+        return llvm.Target.from_default_triple().create_target_machine(
+            cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3,
+            reloc="pic", codemodel="default")
 
     def _load_library(self, name):
         """Make a system library's symbols visible to the JIT; whether it could be loaded.
@@ -408,12 +410,16 @@ class LLVMBackend(CompiledBackend):
             stream.write(self.machine.emit_object(module))
 
     def open(self, path, name):
-        if path not in self.opened:
+        """The kernel `name` of object file `path`. Each object file gets an engine of its own (an
+        engine takes its target machine): one engine holding every object of a long test run
+        aborted in finalize_object after some thousands of them."""
+        if path not in self.engines:
+            engine = self.llvm.create_mcjit_compiler(self.llvm.parse_assembly(""), self._target_machine())
             with open(path, "rb") as stream:
-                self.engine.add_object_file(self.llvm.ObjectFileRef.from_data(stream.read()))
-            self.engine.finalize_object()
-            self.opened.add(path)
-        address = self.engine.get_function_address(name)
+                engine.add_object_file(self.llvm.ObjectFileRef.from_data(stream.read()))
+            engine.finalize_object()
+            self.engines[path] = engine
+        address = self.engines[path].get_function_address(name)
         if not address:
             raise AttributeError(f"kernel {name} is missing from {path}")
         return launcher(self.ffi, self.ffi.cast("void (*)(char **, int64_t *)", address))
