@@ -22,13 +22,18 @@ def pending_graph(outputs):
     written for speed (each node is stacked once; no generators in the loop): 0.6 us per node with
     a (node, expanded) pair stacked twice per node, 0.39 as it is."""
     position, nodes, signature = {}, [], []
+
+    def leaf(node):
+        """Place a realised node as a leaf (called only for those: this walk is a hot path)."""
+        position[node.id] = len(nodes)
+        nodes.append(node)
+        signature.append(("buffer", node.shape, node.dtype))
+
     for root in outputs:
         if root.id in position:
             continue
-        if root.buffer is not None and root.op != "const":
-            position[root.id] = len(nodes)
-            nodes.append(root)
-            signature.append(("buffer", root.shape, root.dtype))
+        if root.buffer is not None and root.op != "const":   # a realised constant stays a constant
+            leaf(root)
             continue
         stack = [root]
         while stack:
@@ -36,11 +41,8 @@ def pending_graph(outputs):
             for source in node.inputs:
                 if source.id in position:
                     continue
-                # a realised constant stays a constant
                 if source.buffer is not None and source.op != "const":
-                    position[source.id] = len(nodes)
-                    nodes.append(source)
-                    signature.append(("buffer", source.shape, source.dtype))
+                    leaf(source)
                     continue
                 stack.append(source)
                 break
