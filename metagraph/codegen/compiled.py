@@ -17,6 +17,7 @@ import numpy as np
 from metagraph import flags
 from metagraph.codegen import library
 from metagraph.codegen.interpreter import NumpyBackend
+from metagraph.codegen.stored import ScheduleStore
 from metagraph.codegen.tuning import Tuner
 from metagraph.compiler import ir
 from metagraph.compiler.graph import pending_graph
@@ -117,6 +118,7 @@ class CompiledBackend:
         self.cache = cache                # runtime.cache.KernelCache
         self.functions = {}               # kernel key -> callable
         self.tuner = Tuner(self)
+        self.stored = ScheduleStore(self)
 
     @property
     def target(self):
@@ -159,6 +161,29 @@ class CompiledBackend:
             report.cache_hits += len(kernels) - len(missing) - len(stale)
         return [self.functions[key] for key in keys], sources
 
+    def _stored_schedule(self, graph):
+        """The Schedule remembered on disk for graphs like `graph` (stored.py), or None."""
+        found = self.stored.load(graph)
+        if found is None:
+            return None
+        report = profiler.current()
+        if report is not None:
+            report.cache_hits += sum(step.library is None for step in found[0])
+        return Schedule(*found)
+
+    def stored_function(self, key, name):
+        """The callable of the cached kernel with `key` and `name`, or None if the cache lacks it."""
+        function = self.functions.get(key)
+        if function is None:
+            path = self.cache.find(key)
+            if path is None:
+                return None
+            try:
+                function = self.functions[key] = self.open(path, name)
+            except AttributeError:
+                return None
+        return function
+
     def _open(self, kernel, key):
         """Load a cached kernel into self.functions; False when its binary lacks the kernel."""
         path = self.cache.find(key)
@@ -196,6 +221,8 @@ class CompiledBackend:
         key = (graph.key, flags.LIBRARY)
         entry = self.schedules.get(key)
         if entry is None:
+            entry = self._stored_schedule(graph)
+        if entry is None:
             steps = schedule(graph, self.target, bool(flags.LIBRARY),
                              tuned=self.tuner.get if flags.TUNE else None)
             if flags.DEBUG >= 3:
@@ -215,6 +242,8 @@ class CompiledBackend:
                 raise type(error)(f"{error}\n(compiling the kernels for values created at "
                                   f"{', '.join(lines)})") from None
             entry = Schedule([step.compiled() for step in steps], functions, sources)
+            self.stored.save(graph, entry.steps, entry.sources)
+        if key not in self.schedules:
             if len(self.schedules) >= SCHEDULE_CACHE_SIZE:
                 self.schedules.pop(next(iter(self.schedules)))
             self.schedules[key] = entry
@@ -224,7 +253,10 @@ class CompiledBackend:
                                oracle=check_against_oracle if flags.CHECK else None, seconds=seconds,
                                explain=explain_failure)
         if seconds is not None:
+            names = [step.name for step in entry.steps]
             self.tuner.tune(graph, entry, buffers, seconds)
+            if names != [step.name for step in entry.steps]:
+                self.stored.save(graph, entry.steps, entry.sources)
         # Values that autograd keeps anyway keep their buffers too, so that reading the loss after
         # optimizer.step() (or a gradient after the loss) does not compute the forward pass again.
         for step in entry.steps:

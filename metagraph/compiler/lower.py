@@ -42,6 +42,14 @@ class Step:
         self.name = self.library.name if self.library is not None else self.kernel.name
         self.blocked = self.library is None and _defines_block(self.kernel.body)
 
+    @classmethod
+    def restored(cls, name, blocked, **fields):
+        """A compiled step read back from disk (codegen/stored.py), with no IR to derive its name
+        and `blocked` from."""
+        step = object.__new__(cls)
+        step.__dict__.update(kernel=None, name=name, blocked=blocked, **fields)
+        return step
+
     def compiled(self):
         """This step without its IR, once its kernel is compiled: a cached schedule would
         otherwise keep tens of thousands of IR objects alive, which every full collection of
