@@ -1,0 +1,102 @@
+"""Rows S1-S4: what a user waits for before training runs and what it holds while it does.
+
+ResNet-18 training (SGD with momentum, batch 32, 32^2), each framework in a fresh process so that
+start-up and peak memory are its own: S1 the first step with a warm kernel cache (a restarted
+script), S2 with an empty one (metagraph only), S3 the peak resident memory above the import over
+ten steps, S4 the Python per step (a step's median time less its kernels', from `mg.profile()`).
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+PROGRAM = """
+import json, sys, time
+import numpy as np
+framework, threads = sys.argv[1], int(sys.argv[2])
+
+def peak_mib():
+    # VmHWM: this address space's peak (ru_maxrss starts at the parent's size after a fork)
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM")) / 1024
+
+if framework == "metagraph":
+    import metagraph as mg
+    import metagraph.nn.functional as F
+    base = peak_mib()
+    model = mg.models.resnet18(num_classes=10)
+    optimizer = mg.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = mg.tensor(np.random.default_rng(0).random((32, 3, 32, 32), np.float32))
+    y = mg.tensor(np.random.default_rng(1).integers(0, 10, 32))
+    loss_of = lambda: F.cross_entropy(model(x), y)
+else:
+    import torch
+    import torch.nn.functional as F
+    from metagraph.bench_zoo import torch_resnet
+    torch.set_num_threads(threads)
+    base = peak_mib()
+    model = torch_resnet(torch, [2, 2, 2, 2], num_classes=10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.from_numpy(np.random.default_rng(0).random((32, 3, 32, 32), np.float32))
+    y = torch.from_numpy(np.random.default_rng(1).integers(0, 10, 32))
+    loss_of = lambda: F.cross_entropy(model(x), y)
+
+def step():
+    start = time.perf_counter()
+    loss = loss_of()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    loss.item()
+    return time.perf_counter() - start
+
+def median(values):
+    return sorted(values)[len(values) // 2]
+
+first, second = step(), step()
+steps, kernels = [step() for _ in range(5)], []
+for _ in range(3 if framework == "metagraph" else 0):    # (a profile's own cost is not the step's)
+    with mg.profile() as prof:
+        step()
+    kernels.append(sum(kernel.seconds for kernel in prof.kernels))
+print(json.dumps({"first": first, "second": second, "peak": peak_mib() - base,
+                  "python": median(steps) - median(kernels) if kernels else None}))
+"""
+
+
+def _run(framework, threads, cache=None):
+    environment = dict(os.environ, METAGRAPH_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+    if cache is not None:
+        environment["METAGRAPH_CACHE_DIR"] = cache
+    done = subprocess.run([sys.executable, "-c", PROGRAM, framework, str(threads)], env=environment,
+                          capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {framework} start-up program failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def rows(threads, torch_installed, cold=True):
+    """The rows S1-S4 as bench.py prints them."""
+    _run("metagraph", threads)                       # fills the cache the next process finds warm
+    ours = _run("metagraph", threads)
+    theirs = _run("torch", threads) if torch_installed else None
+    found = [_row("S1", "ResNet-18 training, first step, fresh process, warm cache", "s",
+                  ours["first"], theirs and theirs["first"], lower_is_better=True),
+             _row("S3", "ResNet-18 training, peak RSS above the import", "MiB",
+                  ours["peak"], theirs and theirs["peak"], lower_is_better=True),
+             _row("S4", "ResNet-18 training, Python per step (step less kernels)", "ms",
+                  ours["python"] * 1e3, None, lower_is_better=True)]
+    if cold:
+        with tempfile.TemporaryDirectory() as cache:
+            found.insert(1, _row("S2", "ResNet-18 training, first step, fresh process, empty cache", "s",
+                                 _run("metagraph", threads, cache)["first"], None, lower_is_better=True))
+    return found
+
+
+def _row(key, title, unit, mine, pytorch, lower_is_better):
+    row = {"id": key, "workload": title, "unit": unit, "metagraph": mine}
+    if pytorch is not None:
+        row["pytorch"] = pytorch
+        row["ratio"] = pytorch / mine if lower_is_better else mine / pytorch
+    return row
