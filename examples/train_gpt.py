@@ -2,6 +2,7 @@
 
     python examples/train_gpt.py                       # 4 layers, d_model 128, 4 heads, context 128
     python examples/train_gpt.py --epochs 2 --sample "def "
+    python examples/train_gpt.py --amp                 # matmuls in bfloat16 under mg.autocast
 
 The text is every .py file of the interpreter's Lib/ directory (a few MB that ship with every
 Python install), read as bytes (a vocabulary of 256 characters); files are split into training and
@@ -35,12 +36,13 @@ def windows(data, starts, context):
     return mg.tensor(chunk[:, :-1]), mg.tensor(chunk[:, 1:])
 
 
-def loss_of(model, x, y):
-    logits = model(x)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+def loss_of(model, x, y, amp=None):
+    with amp or mg.autocast(enabled=False):
+        logits = model(x)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-def evaluate(model, data, context, batch_size, batches, seed):
+def evaluate(model, data, context, batch_size, batches, seed, amp=None):
     """Mean validation loss (nats per byte) over fixed windows."""
     rng = np.random.default_rng(seed)
     model.eval()
@@ -48,7 +50,7 @@ def evaluate(model, data, context, batch_size, batches, seed):
     with mg.no_grad():
         for _ in range(batches):
             starts = rng.integers(0, len(data) - context - 1, batch_size)
-            total += loss_of(model, *windows(data, starts, context)).item()
+            total += loss_of(model, *windows(data, starts, context), amp).item()
     model.train()
     return total / batches
 
@@ -89,6 +91,11 @@ def main():
     parser.add_argument("--sample", default="def ", help="prompt to continue after training")
     parser.add_argument("--sample-length", type=int, default=300)
     parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--amp", nargs="?", const="bfloat16", choices=["bfloat16", "float16"],
+                        help="mixed precision: matmuls and attention in bfloat16 (or float16, with dynamic "
+                             "loss scaling) under mg.autocast; weights, softmax sums and the loss in float32")
+    parser.add_argument("--plot", metavar="PATH", help="draw the training and validation loss curves to "
+                                                       "this PNG (needs matplotlib: the examples extra)")
     args = parser.parse_args()
 
     mg.manual_seed(args.seed)
@@ -99,9 +106,17 @@ def main():
     model = mg.models.gpt(256, args.context, args.d_model, args.heads, args.layers)
     optimizer = mg.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     schedule = mg.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.epochs * args.steps_per_epoch)
+    amp = mg.autocast(dtype=args.amp or "bfloat16", enabled=bool(args.amp))
+    scaler = mg.amp.GradScaler(enabled=args.amp == "float16")     # float16 gradients underflow unscaled
     print(f"metagraph {mg.get_backend()} backend; {len(train) / 1e6:.1f} MB of training text, "
           f"{len(validation) / 1e6:.2f} MB validation; {sum(p.numel() for p in model.parameters())} "
           f"parameters; unigram baseline {unigram:.3f} nats/byte")
+    if args.plot:
+        try:
+            mg.viz.require_matplotlib()     # before training, not after it
+        except mg.MetagraphError as error:
+            parser.error(str(error))
+    curves = {"train": [], "validation": []}
     rng, tokens = np.random.default_rng(args.seed + 1), args.batch_size * args.context
     start = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
@@ -109,16 +124,23 @@ def main():
         for step in bar:
             tick = time.perf_counter()
             starts = rng.integers(0, len(train) - args.context - 1, args.batch_size)
-            loss = loss_of(model, *windows(train, starts, args.context))
+            loss = loss_of(model, *windows(train, starts, args.context), amp)
             optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
             schedule.step()
-            bar.set_postfix(loss=f"{loss.item():.3f}",
+            curves["train"].append(((epoch - 1) * args.steps_per_epoch + step + 1, loss.item()))
+            bar.set_postfix(loss=f"{curves['train'][-1][1]:.3f}",
                             tokens_per_s=f"{tokens / (time.perf_counter() - tick):.0f}")
-        score = evaluate(model, validation, args.context, args.batch_size, args.eval_batches, args.seed)
+        score = evaluate(model, validation, args.context, args.batch_size, args.eval_batches, args.seed, amp)
+        curves["validation"].append((epoch * args.steps_per_epoch, score))
         print(f"epoch {epoch}: validation loss {score:.3f} nats/byte (unigram {unigram:.3f}), "
               f"{time.perf_counter() - start:.0f} s")
+    if args.plot:
+        curves["unigram baseline"] = [(1, unigram), (args.epochs * args.steps_per_epoch, unigram)]
+        drawn = mg.viz.curves(args.plot, {"loss (nats/byte)": curves}, "step", "GPT on the standard library")
+        print(f"curves drawn to {drawn}")
     mg.save(model.state_dict(), args.checkpoint)
     print(f"saved {args.checkpoint}\n--- sample ---")
     print(sample(model, args.sample, args.sample_length, args.context, args.temperature, args.seed))

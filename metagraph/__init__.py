@@ -3,16 +3,18 @@
 Every Tensor operation appends a node to a lazy graph; values are computed when asked for
 (`numpy()`, `item()`, `tolist()`, `print`, `sync()`), by the active backend.
 """
-from metagraph.backend import get_backend, realize as _realize, set_backend
+from metagraph.backend import empty_cache, get_backend, realize as _realize, set_backend
 from metagraph.creation import (arange, empty, eye, full, full_like, linspace, ones, ones_like, rand,
                                 rand_like, randint, randn, randn_like, randperm, tensor, zeros,
                                 zeros_like)
-from metagraph.dtypes import (bool_ as bool, float16, float32, float64, int8, int16, int32, int64,
-                              uint8)
-from metagraph.errors import (ArgumentError, CompileError, DTypeError, ExprError, IndexOutOfRange,
-                              MetagraphError, OutOfMemory, ShapeError, Unsupported)
+from metagraph.dtypes import (bool_ as bool, bfloat16, float16, float32, float64, int8, int16, int32,
+                              int64, uint8)
+from metagraph.errors import (ArgumentError, CompileError, DeviceError, DTypeError, ExprError,
+                              IndexOutOfRange, MetagraphError, OutOfMemory, ShapeError, Unsupported)
 from metagraph.grad import enable_grad, grad, inference_mode, no_grad, set_grad_enabled
-from metagraph.device import check as _check_device, device
+from metagraph import amp
+from metagraph.amp import autocast
+from metagraph.device import device
 from metagraph.ops import index as _ix, linalg as _linalg, math as _m, movement as _mv
 from metagraph.ops import einsum as _einsum
 from metagraph.ops import reduce as _rd
@@ -20,7 +22,6 @@ from metagraph.ops import special as _sp
 from metagraph.ops import sorting as _sort
 from metagraph import backend, flags
 from metagraph.random import Generator, manual_seed
-from metagraph.runtime.executor import empty_cache
 from metagraph.runtime.profiler import profile
 from metagraph.serialization import CheckpointError, load, save
 from metagraph.tensor import Tensor, lift as _lift
@@ -106,11 +107,10 @@ def from_numpy(array):
 
 
 def as_tensor(data, dtype=None, device=None):
-    """data itself if it is a Tensor of that dtype, else a tensor holding a copy of it."""
-    _check_device(device)
+    """data itself if it is a Tensor of that dtype on that device, else a tensor holding a copy of it."""
     if isinstance(data, Tensor):
-        return data if dtype is None else data.to(dtype)
-    return tensor(data, dtype=dtype)
+        return data.to(*[option for option in (device, dtype) if option is not None])
+    return tensor(data, dtype=dtype, device=device)
 
 
 def one_hot(x, num_classes=-1):
@@ -118,6 +118,22 @@ def one_hot(x, num_classes=-1):
     return Tensor(_ix.one_hot(x.node, num_classes, _realize))
 
 
-from metagraph import data, datasets, models, nn, optim, utils  # noqa: E402  (they build on all above)
+from metagraph import data, datasets, models, nn, optim, utils, viz  # noqa: E402  (they build on all above)
 from metagraph.data import LoaderTimeout  # noqa: E402
+# mg.nn.parallel.DistributedDataParallel; it imports metagraph.distributed, which imports no mpi4py
+from metagraph.nn import parallel as _parallel  # noqa: E402,F401
+from metagraph.distributed import DistributedError  # noqa: E402
+
+
+def __getattr__(name):
+    """Jittor's mg.rank, mg.world_size and mg.in_mpi, read when asked for: importing metagraph
+    starts no MPI; the process group is made (from the MPI launcher's environment) on first use."""
+    from metagraph import distributed
+    if name == "rank":
+        return distributed.get_rank()
+    if name == "world_size":
+        return distributed.get_world_size()
+    if name == "in_mpi":
+        return distributed.in_mpi()
+    raise AttributeError(f"module 'metagraph' has no attribute {name!r}")
 

@@ -4,7 +4,9 @@ import warnings
 import weakref
 
 from metagraph import flags
+from metagraph.device import CPU_NAME, OPENCL_NAME
 from metagraph.errors import MetagraphError
+from metagraph.ops.table import PENDING_COPIES, copy
 
 _active = None
 _instances = {}  # name -> backend made once (a backend holds its loaded kernels and schedules)
@@ -32,7 +34,14 @@ def _bang():
     return BangBackend()
 
 
-BACKENDS = {"c": _c, "llvm": _llvm, "bang": _bang, "numpy": _numpy}
+def _opencl():
+    from metagraph.codegen.opencl import OpenCLBackend
+    return OpenCLBackend()
+
+
+BACKENDS = {"c": _c, "llvm": _llvm, "bang": _bang, "numpy": _numpy, "opencl": _opencl}
+# device -> the backend that computes its values, whatever backend is active (the cpu's: the active one)
+DEVICE_BACKENDS = {OPENCL_NAME: "opencl"}
 DEFAULT_ORDER = ("c", "llvm", "numpy")
 
 
@@ -75,9 +84,17 @@ def defer(tensor):
 
 def realize_on_host(node):
     """Compute one node now with the numpy interpreter: for cheap host work such as parameter
-    initialisation, where compiling a kernel would cost more than it saves."""
-    if node.buffer is None:
-        node.set_buffer(_numpy().realize([node])[0])
+    initialisation, where compiling a kernel would cost more than it saves. The value is laid out
+    as compiled kernels' outputs are (runtime.executor.allocate), so that an optimizer's first
+    update can be written over it (runtime/donation.py). A value on a device is computed there."""
+    if node.device in DEVICE_BACKENDS:
+        realize([node])
+    elif node.buffer is None:
+        from metagraph.runtime.executor import allocate
+        value = _numpy().realize([node])[0]
+        out = allocate(node.shape, node.dtype.np)
+        out[...] = value
+        node.set_buffer(out)
 
 
 def realize(nodes):
@@ -92,7 +109,60 @@ def realize(nodes):
     if not pending:
         return
     get_backend()
-    if flags.DEBUG:
-        print(f"metagraph: realise {len(pending)} node(s) on {_active.name}", file=sys.stderr)
-    for node, array in zip(pending, _active.realize(pending)):
-        node.set_buffer(array)
+    if PENDING_COPIES:
+        _make_copies(pending)
+    groups = {}         # by the backend of their device (None: the active one)
+    for node in pending:
+        if node.buffer is None:
+            groups.setdefault(DEVICE_BACKENDS.get(node.device), []).append(node)
+    for name, group in groups.items():
+        computing = _active if name is None else _instance(name)
+        if flags.DEBUG:
+            print(f"metagraph: realise {len(group)} node(s) on {computing.name}", file=sys.stderr)
+        for node, array in zip(group, computing.realize(group)):
+            node.set_buffer(array)
+
+
+def to_device(node, device):
+    """`node`'s value on `device` (a device name): the node itself if it is there, else a copy node,
+    moved at once (a transfer) when the value is known, else when it is computed."""
+    if node.device is device or (node.device is None and device is CPU_NAME):
+        return node
+    moved = copy(node, device)
+    if node.buffer is not None:
+        moved.set_buffer(_moved(node.buffer, device))
+        PENDING_COPIES.discard(moved)
+    return moved
+
+
+def _moved(buffer, device):
+    """A realised value (a numpy array, or a device's array) moved to `device`."""
+    return _instance("opencl").device.transfer(buffer, to_device=device is OPENCL_NAME)
+
+
+def _make_copies(nodes):
+    """Make the copy nodes without a value that `nodes` depend on: each one's input is computed on
+    its own device, then moved."""
+    stack, seen = list(nodes), set()
+    while stack:
+        node = stack.pop()
+        if node.buffer is not None or node.id in seen:
+            continue
+        seen.add(node.id)
+        if node.op != "copy":
+            stack.extend(node.inputs)
+            continue
+        source = node.inputs[0]
+        realize([source])
+        node.set_buffer(_moved(source.buffer, node.device))
+        PENDING_COPIES.discard(node)
+
+
+def empty_cache():
+    """Give the free buffers that the host's and the devices' pools keep for reuse back (to malloc,
+    and so to the operating system, or to the device's driver)."""
+    from metagraph.runtime import executor
+    executor.empty_cache()
+    for name in DEVICE_BACKENDS.values():
+        if name in _instances:
+            _instances[name].device.empty_cache()

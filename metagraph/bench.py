@@ -3,8 +3,11 @@
     python -m metagraph.bench                  # every workload, a table and bench.json
     python -m metagraph.bench --only W1,W3a,K1 # some of them (K1: the group K1a-K1e)
     python -m metagraph.bench --threads 1      # both frameworks (and numpy's BLAS) on one thread
-    python -m metagraph.bench --backends       # the llvm and bang code generators against c
+    python -m metagraph.bench --backends       # the llvm, bang and opencl code generators against c
     python -m metagraph.bench --library        # contractions through numpy's BLAS (library_op)
+    python -m metagraph.bench --distributed    # D1: ResNet-18 training on 2 MPI ranks (bench_distributed.py)
+    python -m metagraph.bench --amp            # A1-A3: bfloat16 autocast against float32 and PyTorch
+                                               # (bench_amp.py)
 
 Workloads:
     W1-W9     element-wise, softmax, matmul, conv, ResNet-18 and VGG-11 inference and training,
@@ -16,6 +19,8 @@ Workloads:
               1x1 and depthwise conv, LayerNorm (bench_kernels.py)
     Z1, Z2    ResNet-50 inference at batch 4; batch-1 inference of every zoo network with a PyTorch
               twin, and their geometric mean (bench_zoo.py)
+    S         S1-S4: ResNet-18 training's first step in a fresh process (warm and empty cache),
+              peak memory, Python per step; each framework in a process of its own (bench_startup.py)
 
 Each figure is the median of at least --repeat timed calls after two warm-up calls, every call
 forced to complete (read back to numpy); short workloads are called again until a second has
@@ -200,7 +205,7 @@ def compare_backends(repeat, json_path):
     """The same workloads on every code generator that works here, in one run; ratio = c time /
     backend time (above 1: faster than c)."""
     names = []
-    for name in ("c", "llvm", "bang"):
+    for name in ("c", "llvm", "bang", "opencl"):      # opencl: inputs stay on its device, results come back
         try:
             mg.set_backend(name)
             names.append(name)
@@ -275,7 +280,7 @@ def measure(key, title, make, torch, repeat):
 
 
 def main(argv=None):
-    ids = list(WORKLOADS) + ["W8"]
+    ids = list(WORKLOADS) + ["W8", "S"]
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help=f"comma-separated workload ids ({', '.join(ids)}) or groups "
@@ -290,6 +295,10 @@ def main(argv=None):
                         help="run einsum-like contractions through numpy's BLAS (METAGRAPH_LIBRARY=1)")
     parser.add_argument("--backends", action="store_true",
                         help="compare the code generators (c, llvm, bang) instead of PyTorch")
+    parser.add_argument("--distributed", action="store_true",
+                        help="D1: ResNet-18 training on 2 MPI ranks x 1 thread against 1 process x 2 threads")
+    parser.add_argument("--amp", action="store_true",
+                        help="A1-A3: bfloat16 autocast against float32 and PyTorch's autocast (bench_amp.py)")
     args = parser.parse_args(argv)
     if args.threads is not None:
         if args.threads < 1:
@@ -297,6 +306,20 @@ def main(argv=None):
         set_threads(args.threads)
     if args.backends:
         compare_backends(args.repeat, args.json)
+        return
+    if args.amp:
+        from metagraph.bench_amp import rows as amp_rows
+        with open(args.json, "w") as stream:
+            json.dump(amp_rows(repeat=args.repeat), stream, indent=1)
+        print(f"wrote {args.json}")
+        return
+    if args.distributed:
+        from metagraph.bench_distributed import describe, rows as distributed_rows
+        rows = distributed_rows()
+        print("\n".join(describe(row) for row in rows))
+        with open(args.json, "w") as stream:
+            json.dump(rows, stream, indent=1)
+        print(f"wrote {args.json}")
         return
     try:
         chosen = chosen_ids(args.only, ids) if args.only else set(ids)
@@ -321,6 +344,11 @@ def main(argv=None):
                "metagraph": seconds, "final_accuracy": accuracy}
         rows.append(row)
         print(_format(row), flush=True)
+    if "S" in chosen:
+        from metagraph.bench_startup import rows as startup_rows
+        for row in startup_rows(mg.flags.NUM_THREADS, torch is not None, cold=not args.no_cold):
+            rows.append(row)
+            print(_format(row), flush=True)
     if "W5" in chosen and not args.no_cold:
         row = {"id": "W5cold", "workload": "ResNet-18 first forward, fresh process, empty cache", "unit": "s",
                "metagraph": cold_resnet18()}

@@ -4,8 +4,8 @@ import math
 
 import numpy as np
 
-from metagraph import dtypes
-from metagraph.device import check as check_device
+from metagraph import backend, dtypes
+from metagraph.device import CPU_NAME, name as device_name
 from metagraph.errors import ArgumentError, DTypeError, ShapeError, fail
 from metagraph.ops import math as m
 from metagraph.ops.node import Node
@@ -14,14 +14,34 @@ from metagraph.random import numpy_generator
 from metagraph.tensor import Tensor
 
 
-def on_a_device(create):
-    """`create` taking PyTorch's device= keyword: "cpu" (or None) is the one device; any other is an
-    error at the user's call."""
+def on_a_device(create, like=False):
+    """`create` taking PyTorch's device= keyword (None: the CPU, or with `like`, the device of the
+    tensor given first). On another device, data (from a list, an array or a random generator) is
+    made on the host and copied there, a constant is placed there; requires_grad applies to the
+    result there."""
     @functools.wraps(create)
     def created(*args, device=None, **kwargs):
-        check_device(device)
-        return create(*args, **kwargs)
+        if like and device is None:
+            target = args[0].node.device or CPU_NAME
+        else:
+            target = device_name(device)
+        if target is CPU_NAME:
+            return create(*args, **kwargs)
+        requires_grad = kwargs.pop("requires_grad", False)
+        node = create(*args, **kwargs).node
+        if node.buffer is not None:
+            node = backend.to_device(node, target)
+        else:
+            if node.op == "const":      # (constants are shared nodes: this one is made for the device)
+                node = apply("const", value=node.attrs["value"], shape=node.shape, dtype=node.dtype)
+            node.device = target        # computed from constants alone, on the device
+        return Tensor(node).requires_grad_() if requires_grad else Tensor(node)
     return created
+
+
+def like_a_tensor(create):
+    """on_a_device for the *_like functions: on the device of the tensor they are like by default."""
+    return on_a_device(create, like=True)
 
 
 def _size(size):
@@ -35,7 +55,9 @@ def from_numpy_array(array, dtype=None, requires_grad=False):
     """A realised tensor holding a copy of `array`."""
     dtype = dtypes.as_dtype(dtype) or dtypes.as_dtype(array.dtype)
     buffer = np.array(array, dtype=dtype.np, order="C", copy=True)
-    tensor = Tensor(Node("buffer", (), {}, buffer.shape, dtype, requires_grad=False, buffer=buffer))
+    # on the cpu device; a 0-d value, as PyTorch's, goes with tensors of any device (a number)
+    tensor = Tensor(Node("buffer", (), {}, buffer.shape, dtype, requires_grad=False, buffer=buffer,
+                         device=CPU_NAME if buffer.ndim else None))
     return tensor.requires_grad_() if requires_grad else tensor
 
 
@@ -48,7 +70,7 @@ def tensor(data, dtype=None, requires_grad=False):
         array = data
     else:
         array = _from_data(data, dtypes.as_dtype(dtype))
-    if array.dtype.kind not in "biuf":
+    if array.dtype.kind not in "biuf" and array.dtype.name != "bfloat16":     # ml_dtypes' is kind "V"
         raise DTypeError(f"tensor(): unsupported element type {array.dtype}")
     return from_numpy_array(array, dtype, requires_grad)
 
@@ -144,17 +166,17 @@ def ones(*size, dtype=None, requires_grad=False):
 empty = zeros
 
 
-@on_a_device
+@like_a_tensor
 def zeros_like(x, dtype=None, requires_grad=False):
     return full(x.shape, 0, dtype or x.dtype, requires_grad)
 
 
-@on_a_device
+@like_a_tensor
 def ones_like(x, dtype=None, requires_grad=False):
     return full(x.shape, 1, dtype or x.dtype, requires_grad)
 
 
-@on_a_device
+@like_a_tensor
 def full_like(x, fill_value, dtype=None, requires_grad=False):
     return full(x.shape, fill_value, dtype or x.dtype, requires_grad)
 
@@ -235,11 +257,11 @@ def randperm(n, *, generator=None, dtype=None):
                             dtypes.as_dtype(dtype) or dtypes.int64)
 
 
-@on_a_device
+@like_a_tensor
 def rand_like(x, dtype=None):
     return rand(x.shape, dtype=dtype or x.dtype)
 
 
-@on_a_device
+@like_a_tensor
 def randn_like(x, dtype=None):
     return randn(x.shape, dtype=dtype or x.dtype)

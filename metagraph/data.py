@@ -266,3 +266,6 @@ class DataLoader:
         except futures.TimeoutError:      # not yet the built-in TimeoutError in Python 3.10
             raise LoaderTimeout(f"DataLoader timed out after {self.timeout} seconds waiting for a "
                                 "batch from its worker threads") from None
+
+
+from metagraph.utils.distributed_sampler import DistributedSampler  # noqa: E402,F401  (utils imports this)

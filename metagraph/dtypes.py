@@ -1,4 +1,9 @@
-"""Data types and PyTorch's type-promotion rules (Python scalars are weak)."""
+"""Data types and PyTorch's type-promotion rules (Python scalars are weak).
+
+float16 and bfloat16 are storage types: arithmetic on them runs in float32 and rounds back per
+operation, and reductions accumulate in float32 (`computed_in`). bfloat16 arrays are numpy arrays
+of `ml_dtypes.bfloat16` (numpy has no such type).
+"""
 import functools
 from dataclasses import dataclass
 
@@ -16,6 +21,9 @@ class DType:
 
     @functools.cached_property
     def np(self):
+        if self.name == "bfloat16":
+            import ml_dtypes                  # 60 ms to import: only when a bfloat16 array is made
+            return np.dtype(ml_dtypes.bfloat16)
         return np.dtype(self.name)
 
     @property
@@ -37,10 +45,12 @@ int16 = DType("int16", "i", 2)
 int32 = DType("int32", "i", 4)
 int64 = DType("int64", "i", 8)
 float16 = DType("float16", "f", 2)
+bfloat16 = DType("bfloat16", "f", 2)
 float32 = DType("float32", "f", 4)
 float64 = DType("float64", "f", 8)
 
-ALL = (bool_, uint8, int8, int16, int32, int64, float16, float32, float64)
+ALL = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64)
+LOW_PRECISION = frozenset({float16, bfloat16})     # storage types whose arithmetic runs in float32
 _BY_NAME = {d.name: d for d in ALL}
 _ALIASES = {"float": float32, "double": float64, "half": float16, "int": int32, "long": int64,
             "short": int16, "bool_": bool_}
@@ -84,6 +94,8 @@ def promote(a, b):
     if b.kind == "b":
         return a
     if a.is_float or b.is_float:
+        if a in LOW_PRECISION and b in LOW_PRECISION:       # float16 + bfloat16: neither holds the other
+            return float32
         floats = [d for d in (a, b) if d.is_float]
         return max(floats, key=lambda d: d.itemsize)
     if a.kind == b.kind:
@@ -136,3 +148,17 @@ def min_value(d):
     if d == bool_:
         return False
     return int(np.iinfo(d.np).min)
+
+
+def computed_in(d):
+    """The dtype arithmetic on `d` runs in and reductions of `d` accumulate in: float32 for the
+    storage types float16 and bfloat16, else `d` itself."""
+    return float32 if d in LOW_PRECISION else d
+
+
+def finfo(d):
+    """numpy's finfo for a float dtype (ml_dtypes' for bfloat16, which numpy's does not know)."""
+    if d == bfloat16:
+        import ml_dtypes
+        return ml_dtypes.finfo(ml_dtypes.bfloat16)
+    return np.finfo(d.np)

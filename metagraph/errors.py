@@ -39,6 +39,10 @@ class Unsupported(MetagraphError, NotImplementedError):
     """A mode or feature PyTorch has and metagraph does not implement."""
 
 
+class DeviceError(MetagraphError):
+    """Operands on different devices, or a device that is not available here."""
+
+
 def user_location(first=2):
     """The (file, line) of the innermost stack frame outside the metagraph package, looking from
     frame `first` out (0 is this function's, 1 its caller's: always the package's). Asked at every

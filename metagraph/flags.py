@@ -2,7 +2,8 @@
 
 METAGRAPH_BACKEND      backend to start with: c (the default when a C compiler works), llvm (the
                        default without one), bang (BANG-style kernels run on the CPU) or numpy
-METAGRAPH_DEBUG        1: a line per kernel launch and compile; 2: also the generated source;
+METAGRAPH_DEBUG        1: a line per kernel launch (with the ops and lines it was built from:
+                       `conv2d+relu @ model.py:41`) and compile; 2: also the generated source;
                        3: also the fused graph of every new schedule
 METAGRAPH_CACHE_DIR    where compiled kernels are kept (default ~/.cache/metagraph; one that cannot be
                        written falls back to a temporary directory, with a warning)

@@ -10,8 +10,8 @@ format (torch.save(..., _use_new_zipfile_serialization=False)). A checkpoint is 
 pickles are read through an allow-list (OrderedDict, and PyTorch's tensor-rebuilding functions,
 storage classes and dtypes), so a malicious file cannot run code, and every offset, size, stride
 and element count in one is checked against the bytes the file holds before any tensor is made.
-What cannot be loaded (a damaged file, bfloat16 and other dtypes metagraph lacks, quantized
-tensors, pickled modules) is a CheckpointError naming the file. The formats are in
+What cannot be loaded (a damaged file, dtypes metagraph lacks such as complex and float8,
+quantized tensors, pickled modules) is a CheckpointError naming the file. The formats are in
 metagraph/checkpoint/."""
 import os
 import secrets

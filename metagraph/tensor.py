@@ -11,14 +11,16 @@ import numpy as np
 from metagraph import backend, dtypes
 from metagraph.errors import ArgumentError, DTypeError, MetagraphError, ShapeError, fail
 from metagraph.hooks import RemovableHandle
-from metagraph.device import CPU, device as _device
+from metagraph import device as devices
+from metagraph.device import device as _device
 from metagraph.ops import autograd, index as ix, linalg, loss as ls, math as m, movement as mv
 from metagraph.ops import reduce as rd, special as sp
 from metagraph.ops import sorting
 from metagraph.ops.node import GradMode, Node, detach
+from metagraph.ops.table import apply
 
 
-DEVICE_NAMES = ("cpu", "cuda", "mps", "xpu", "hip", "meta")    # to(name): a device, not a dtype
+DEVICE_NAMES = ("cpu", "opencl", "cuda", "mps", "xpu", "hip", "meta")    # to(name): a device, not a dtype
 
 
 def _unwrap(x):
@@ -91,7 +93,7 @@ class Tensor:
     shape = property(lambda self: self.node.shape)
     dtype = property(lambda self: self.node.dtype)
     ndim = property(lambda self: self.node.ndim)
-    device = property(lambda self: CPU)
+    device = property(lambda self: devices.of(self.node))
     is_leaf = property(lambda self: self.node.leaf or not self.node.requires_grad)
 
     def size(self, dim=None):
@@ -116,7 +118,7 @@ class Tensor:
     def numpy(self):
         """The value as a read-only numpy array (no copy; `.copy()` it to write)."""
         backend.realize([self.node])
-        view = self.node.buffer.view()
+        view = np.asarray(self.node.buffer).view()        # (a value on a device is copied to the host)
         view.setflags(write=False)
         return view
 
@@ -154,7 +156,8 @@ class Tensor:
         extra = "" if self.dtype in (dtypes.float32, dtypes.int64, dtypes.bool_) else \
             f", dtype={self.dtype!r}"
         grad = ", requires_grad=True" if self.requires_grad else ""
-        return f"tensor({body}{extra}{grad})"
+        place = "" if self.node.device in (None, devices.CPU_NAME) else f", device='{self.node.device}'"
+        return f"tensor({body}{place}{extra}{grad})"
 
     def __iter__(self):
         if self.ndim == 0:
@@ -181,7 +184,7 @@ class Tensor:
             raise MetagraphError("requires_grad_(False) on a non-leaf tensor; use detach()")
         node = self.node
         leaf = Node(node.op, node.inputs, node.attrs, node.shape, node.dtype,
-                    requires_grad=bool(requires_grad), buffer=node.buffer)
+                    requires_grad=bool(requires_grad), buffer=node.buffer, device=node.device)
         leaf.leaf = True
         leaf.site = node.site
         leaf.owner = weakref.ref(self)
@@ -285,9 +288,11 @@ class Tensor:
                 raise DTypeError(f"result type {node.dtype.name} can't be cast to the in-place "
                                  f"output type {self.dtype.name}")
             node = m.cast(node, self.dtype)
+        if keep_type and node.device is not self.node.device and node.device is not None:
+            node = backend.to_device(node, self.node.device or devices.CPU_NAME)     # (copy_ from a device)
         if self.node.leaf and self.node.requires_grad and not node.requires_grad:
             node = Node(node.op, node.inputs, node.attrs, node.shape, node.dtype,
-                        requires_grad=True, buffer=node.buffer)
+                        requires_grad=True, buffer=node.buffer, device=node.device)
             node.leaf = True
             node.owner = weakref.ref(self)
         self.node = node
@@ -324,15 +329,21 @@ class Tensor:
 
     # ---- dtype ------------------------------------------------------------------------------
     def to(self, *args, dtype=None, device=None, **kwargs):
-        """to(dtype) converts; to('cpu') or to(device('cpu')) is the tensor itself (all data lives on
-        the host); any other device is an error."""
-        _device(device or "cpu")
+        """to(dtype), to(device), to(device, dtype) or to(other tensor): the value moved to the device
+        (a copy node: metagraph/device.py) and converted; the tensor itself when neither changes."""
         for arg in args:
-            if isinstance(arg, _device) or (isinstance(arg, str) and arg.partition(":")[0] in DEVICE_NAMES):
-                _device(arg)
-                continue
-            dtype = arg
-        return self if dtype is None else Tensor(m.cast(self.node, dtypes.as_dtype(dtype)))
+            if isinstance(arg, Tensor):
+                dtype, device = arg.dtype, arg.device
+            elif isinstance(arg, _device) or (isinstance(arg, str) and arg.partition(":")[0] in DEVICE_NAMES):
+                device = arg
+            else:
+                dtype = arg
+        node = self.node
+        if device is not None:
+            node = backend.to_device(node, devices.name(device))
+        if dtype is not None:
+            node = m.cast(node, dtypes.as_dtype(dtype))
+        return self if node is self.node else Tensor(node)
 
     def type(self, dtype):
         return self.to(dtype)
@@ -341,11 +352,13 @@ class Tensor:
         return self.to(other.dtype)
 
     def cpu(self):
-        return self
+        """The value on the host (the tensor itself when it is there)."""
+        return self.to(devices.CPU)
 
     float = _to_dtype(dtypes.float32)
     double = _to_dtype(dtypes.float64)
     half = _to_dtype(dtypes.float16)
+    bfloat16 = _to_dtype(dtypes.bfloat16)
     int = _to_dtype(dtypes.int32)
     long = _to_dtype(dtypes.int64)
     bool = _to_dtype(dtypes.bool_)
@@ -424,8 +437,8 @@ class Tensor:
     # ---- new tensors like this one (its dtype unless given) ------------------------------------
     def new_full(self, size, fill_value, dtype=None, device=None, requires_grad=False):
         from metagraph import creation                       # creation builds on this module
-        _device(device or "cpu")
-        return creation.full(size, fill_value, dtype or self.dtype, requires_grad)
+        return creation.full(size, fill_value, dtype or self.dtype, requires_grad=requires_grad,
+                             device=self.device if device is None else device)
 
     def new_zeros(self, *size, dtype=None, device=None, requires_grad=False):
         size = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
@@ -439,8 +452,8 @@ class Tensor:
 
     def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
         from metagraph import creation
-        _device(device or "cpu")
-        return creation.tensor(data, dtype or self.dtype, requires_grad)
+        return creation.tensor(data, dtype or self.dtype, requires_grad=requires_grad,
+                               device=self.device if device is None else device)
 
     def square(self):
         return self * self
@@ -519,7 +532,11 @@ def seed_gradient(op, output, gradient):
         if output.numel() != 1:
             raise ArgumentError(f"{op}(): grad can be implicitly created only for scalar outputs, "
                                 f"got shape {output.shape}; pass the output's gradient")
-        return m.const(1, output.shape, output.dtype)
+        if output.node.device is None:
+            return m.const(1, output.shape, output.dtype)
+        seed = apply("const", value=1, shape=output.shape, dtype=output.dtype)
+        seed.device = output.node.device      # (shared constants have none): the gradients are there too
+        return seed
     node = gradient.node if isinstance(gradient, Tensor) else m.const(gradient, (), output.dtype)
     if node.shape != output.shape:
         node = m.expand(node, m.broadcast_shape("backward", node.shape, output.shape))

@@ -1,4 +1,6 @@
 """Shared checks: forward values against a reference, gradients against finite differences."""
+import os
+
 import numpy as np
 import pytest
 
@@ -6,11 +8,16 @@ import metagraph as mg
 
 
 def needs(backend):
-    """Skip the calling test where `backend` cannot work on this machine (e.g. no C compiler)."""
+    """Skip the calling test where `backend` cannot work on this machine (e.g. no C compiler, no
+    OpenCL platform); fail it instead where METAGRAPH_REQUIRE_BACKENDS (comma-separated) names it,
+    as CI does (.ci/run)."""
     try:
         mg.backend._instance(backend)
     except mg.MetagraphError as error:
-        pytest.skip(f"backend {backend!r} is unavailable: {str(error).splitlines()[0]}")
+        reason = f"backend {backend!r} is unavailable: {str(error).splitlines()[0]}"
+        if backend in os.environ.get("METAGRAPH_REQUIRE_BACKENDS", "").split(","):
+            pytest.fail(f"{reason} (METAGRAPH_REQUIRE_BACKENDS requires it)")
+        pytest.skip(reason)
 
 
 def as_tensors(arrays, requires_grad=False):

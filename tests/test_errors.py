@@ -8,7 +8,7 @@ import metagraph.nn.functional as F
 from metagraph.errors import OutOfMemory, Unsupported
 from tests.helpers import needs
 
-BACKENDS = ["numpy", "c", "llvm", "bang"]
+BACKENDS = ["numpy", "c", "llvm", "bang", "opencl"]
 
 # (class, the standard classes it must also be)
 CLASSES = [

@@ -82,7 +82,3 @@ V3_DTYPES = {name: TorchName("torch", name) for name in [
     "uint16", "uint32", "uint64", "complex32", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz",
     "float8_e4m3fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2", "bits8", "bits16", "bits1x8", "bits2x4",
     "bits4x2"]}
-
-# Why a dtype that PyTorch writes has no metagraph tensor, where there is more to say than "no".
-UNSUPPORTED_NOTES = {"bfloat16": " yet (it comes with mixed precision); save the tensor as float32 "
-                                 "(tensor.float()) instead"}

@@ -9,7 +9,8 @@ import math
 
 import numpy as np
 
-from metagraph.checkpoint.names import SUPPORTED, UNSUPPORTED_NOTES, TorchName, refuse, refuse_build
+from metagraph import dtypes
+from metagraph.checkpoint.names import SUPPORTED, TorchName, refuse, refuse_build
 from metagraph.creation import from_numpy_array
 
 _MAX_BYTES = np.iinfo(np.intp).max
@@ -61,6 +62,9 @@ class Storage:
         if self.type.dtype == "bool":
             # Any non-zero byte is True; metagraph's kernels assume a bool is 0 or 1.
             self.values = np.frombuffer(data, np.uint8) != 0
+        elif self.type.dtype == "bfloat16":        # ml_dtypes' type has no byte order: read its bits
+            bits = np.frombuffer(data, np.dtype(np.uint16).newbyteorder(byteorder))
+            self.values = bits.astype(np.uint16, copy=False).view(dtypes.bfloat16.np)
         else:
             self.values = np.frombuffer(data, np.dtype(self.type.dtype).newbyteorder(byteorder))
 
@@ -92,8 +96,7 @@ class PendingTensor:
             refuse(path, f"holds a {name} whose storage is {type(storage).__name__}, not a storage")
         dtype = storage.type.dtype if self.dtype is None else self.dtype
         if dtype not in SUPPORTED:
-            refuse(path, f"holds a {name} of dtype {dtype}, which metagraph does not support"
-                         f"{UNSUPPORTED_NOTES.get(dtype, '')}")
+            refuse(path, f"holds a {name} of dtype {dtype}, which metagraph does not support")
         offset, size, stride = self.offset, counts(self.size), counts(self.stride)
         if not is_count(offset):
             refuse(path, f"holds a {name} with storage offset {short(offset)}; expected an integer >= 0")

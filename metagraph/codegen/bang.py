@@ -17,7 +17,7 @@ import os
 
 from metagraph import dtypes, flags
 from metagraph.codegen import c
-from metagraph.codegen.bang_ops import BOOL_REDUCE, BOOL_VECTOR, REDUCE, SCATTER, VECTOR, VectorOps
+from metagraph.codegen.bang_ops import BOOL_REDUCE, BOOL_VECTOR, NAME, REDUCE, SCATTER, VECTOR, VectorOps
 from metagraph.codegen.compiled import CompiledBackend, template, thread_groups
 from metagraph.compiler import ir
 from metagraph.errors import MetagraphError
@@ -148,15 +148,19 @@ class Renderer(VectorOps, c.Renderer):
         if isinstance(value, ir.IndexValue):
             text = f"(({CTYPE[value.dtype.name]})({self.index(value.expr)}))"
         elif isinstance(value, ir.Load):      # one element, moved by __memcpy into an NRAM slot
-            slot = self.buffer(value.dtype, 1, "slot")
+            stored = self.kernel.params[value.param].dtype       # float16 or bfloat16 read as float32
+            slot = self.buffer(stored, 1, "slot")
             copy = f"__memcpy({slot}, p{value.param} + {self.index(value.index)}, " \
-                   f"sizeof({CTYPE[value.dtype.name]}), GDRAM2NRAM);"
+                   f"sizeof({CTYPE[stored.name]}), GDRAM2NRAM);"
             if value.valid is None:
                 self.emit(copy)
             else:
                 self.emit(f"{slot}[0] = 0;")
                 self.emit(f"if ({self.index(value.valid)}) {copy}")
             text = f"{slot}[0]"
+            if stored != value.dtype:
+                narrow = ir.Load(value.param, value.index, stored)
+                text = self.apply(ir.Apply("cast", (narrow,), value.dtype), [text])
         elif isinstance(value, ir.Guard):
             inner = self.uniform(value.value, names)
             cond = self.index(value.cond)
@@ -207,6 +211,12 @@ class Renderer(VectorOps, c.Renderer):
         return self.spreads[key]
 
     def load(self, value, out):
+        stored = self.kernel.params[value.param].dtype
+        if stored != value.dtype:       # float16 or bfloat16 read as float32: moved, then converted
+            moved = self.buffer(stored)
+            self.load(ir.Load(value.param, value.index, stored, value.valid), moved)
+            self.emit(f"__bang_{NAME[stored.name]}2{NAME[value.dtype.name]}({out}, {moved}, lanes);")
+            return
         ctype, param = CTYPE[value.dtype.name], f"p{value.param}"
         coef = _affine(value.index, self.var)
         interval = None
@@ -360,12 +370,17 @@ class Renderer(VectorOps, c.Renderer):
 
     def scatter(self, s, names):
         param = self.kernel.params[s.param]
+        # the value comes in float32 for float16 and bfloat16 memory (compiler/decompose.py): it
+        # is rounded to the memory's type, and the scatter adds in float32 and rounds back
         if self.var is None:
             value = self.uniform(s.value, names)
+            if s.value.dtype != param.dtype:
+                value = self.apply(ir.Apply("cast", (s.value,), param.dtype), [value])
             buffer = self.buffer(param.dtype, 1, "slot")
             self.emit(f"{buffer}[0] = {value};")
         else:
-            buffer = self.spread(self.lanes(s.value, names), param.dtype)
+            buffer = self.converted(self.spread(self.lanes(s.value, names), s.value.dtype), s.value.dtype,
+                                    param.dtype)
         offsets = self.buffer(None, None if self.var is not None else 1, "offsets")
         at = self.at(s.index)
         if s.valid is None:
@@ -442,6 +457,7 @@ def render(kernels, capacity=None, vector_math=False):
 class BangBackend(CompiledBackend):
     """BANG-style kernels compiled for the CPU through the host header and the system C compiler."""
     name = "bang"
+    host_memory = True       # bfloat16 matmuls through codegen/bf16_gemm.py
 
     def __init__(self):
         with open(HEADER, "rb") as stream:

@@ -6,7 +6,7 @@ from metagraph import dtypes
 from metagraph.compiler import ir
 
 NAME = {"bool": "bool", "uint8": "uint8", "int8": "int8", "int16": "int16", "int32": "int32",
-        "int64": "int64", "float16": "half", "float32": "float", "float64": "double"}
+        "int64": "int64", "float16": "half", "bfloat16": "bfloat16", "float32": "float", "float64": "double"}
 # the per-op table of vector intrinsics (operands and result are NRAM buffers of TILE lanes)
 VECTOR = {"add": "__bang_add", "mul": "__bang_mul", "max": "__bang_maxequal", "and": "__bang_band",
           "or": "__bang_bor", "xor": "__bang_bxor", "cmplt": "__bang_lt", "cmpne": "__bang_ne",

@@ -10,6 +10,7 @@ import os
 import subprocess
 
 import cffi
+import numpy as np
 
 from metagraph import dtypes, flags
 from metagraph.codegen.compiled import (CompileError, CompiledBackend, fused_product, launcher, template,
@@ -21,10 +22,11 @@ from metagraph.runtime import profiler
 from metagraph.runtime.cache import KernelCache
 
 CTYPE = {"bool": "uint8_t", "uint8": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t",
-         "int64": "int64_t", "float16": "_Float16", "float32": "float", "float64": "double"}
+         "int64": "int64_t", "float16": "_Float16", "bfloat16": "uint16_t", "float32": "float",
+         "float64": "double"}   # bfloat16 is its bits: C has no arithmetic type for it (GCC 12)
 
 MATH = {"sqrt": "sqrt", "exp2": "exp2", "log2": "log2", "sin": "sin", "cos": "cos", "pow": "pow"}
-INLINE_FLOAT_MATH = {"exp2": "mg_exp2"}   # float32 (and float16) through c_helpers.j2's, not libm's
+INLINE_FLOAT_MATH = {"exp2": "mg_exp2"}   # float32 through c_helpers.j2's, not libm's
 FMA = {dtypes.float32: "fmaf", dtypes.float64: "fma"}
 BINARY = {"add": "({0} + {1})", "mul": "({0} * {1})", "cmplt": "({0} < {1})", "cmpne": "({0} != {1})",
           "and": "({0} & {1})", "or": "({0} | {1})", "xor": "({0} ^ {1})"}
@@ -38,6 +40,8 @@ def scalar(value, dtype):
     """A C literal of `dtype`."""
     if dtype == dtypes.bool_:
         return "1" if value else "0"
+    if dtype == dtypes.bfloat16:
+        return f"((uint16_t)0x{int(np.array(value, dtype.np).view(np.uint16)):04x})"
     if dtype.is_int:
         value = int(value)
         if dtype == dtypes.int64 and value == -2 ** 63:
@@ -99,6 +103,11 @@ class Renderer:
             dtype = value.dtype
         elif isinstance(value, ir.Load):
             text = f"p{value.param}[{self.index(value.index)}]"
+            stored = self.kernel.params[value.param].dtype
+            if stored == dtypes.bfloat16 and value.dtype != stored:     # read as float32
+                text = f"mg_bf16_to_f32({text})"
+            elif stored != value.dtype:                                 # float16 read as float32
+                text = f"(({CTYPE[value.dtype.name]}){text})"
             if value.valid is not None:
                 text = f"({self.index(value.valid)} ? {text} : 0)"
             dtype = value.dtype
@@ -127,17 +136,17 @@ class Renderer:
             return f"(-{args[0]})"
         if op == "recip":
             return f"({scalar(1, dtype)} / {args[0]})"
-        if op in MATH:
-            if dtype not in (dtypes.float32, dtypes.float16):
+        if op in MATH:      # float16 and bfloat16 math is float32's (compiler/decompose.py)
+            if dtype != dtypes.float32:
                 return f"{MATH[op]}({', '.join(args)})"
-            function = INLINE_FLOAT_MATH.get(op, MATH[op]) + "f"
-            if dtype == dtypes.float16:
-                return f"((_Float16){function}({', '.join(f'(float){a}' for a in args)}))"
-            return f"{function}({', '.join(args)})"
+            return f"{INLINE_FLOAT_MATH.get(op, MATH[op])}f({', '.join(args)})"
         if op == "cast":
+            x = f"mg_bf16_to_f32({args[0]})" if source == dtypes.bfloat16 else args[0]
             if dtype == dtypes.bool_:
-                return f"({args[0]} != 0)"
-            return f"(({CTYPE[dtype.name]}){args[0]})"
+                return f"({x} != 0)"
+            if dtype == dtypes.bfloat16:
+                return f"mg_f32_to_bf16((float){x})"
+            return f"(({CTYPE[dtype.name]}){x})"
         if op == "max":
             a, b = args
             nan = f"{a} != {a} || " if source.is_float else ""
@@ -218,6 +227,10 @@ class Renderer:
             v = self.value(s.value, lines, names)
             target = f"p{s.param}[{self.index(s.index)}]"
             update = self.combine(target, s.op, v, s.value.dtype)
+            if self.kernel.params[s.param].dtype == dtypes.bfloat16:     # float32 math, rounded back
+                combined = self.combine("mg_sum", s.op, v, s.value.dtype)
+                update = f"{{ float mg_sum = mg_bf16_to_f32({target}); {combined} " \
+                         f"{target} = mg_f32_to_bf16(mg_sum); }}"
             if s.valid is None:
                 lines.append(update)
             else:
@@ -294,7 +307,8 @@ def render(kernels, vector_math=True):
     views = []
     for kernel in kernels:
         renderer = Renderer(kernel)
-        params = [{"ctype": CTYPE[p.dtype.name], "output": p.output} for p in kernel.params]
+        params = [{"ctype": CTYPE[p.dtype.name], "output": p.output, "shared": p.shared}
+                  for p in kernel.params]
         views.append({"name": kernel.name, "params": params,
                       "body": [renderer.statement(s) for s in kernel.body]})
     return _TEMPLATE.render(kernels=views, names=[k.name for k in kernels], vector_math=vector_math)
@@ -389,6 +403,7 @@ class SharedObjects:
 class CBackend(CompiledBackend):
     """Kernels as C, compiled by the system C compiler in batches, loaded through cffi."""
     name = "c"
+    host_memory = True       # bfloat16 matmuls through codegen/bf16_gemm.py
 
     def __init__(self):
         super().__init__(KernelCache(flags.CACHE_DIR, toolchain_identity()))

@@ -8,6 +8,7 @@ once) and loads them.
 """
 import os
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -15,16 +16,17 @@ import jinja2
 import numpy as np
 
 from metagraph import flags
-from metagraph.codegen import library
+from metagraph.codegen import bf16_gemm, library
 from metagraph.codegen.interpreter import NumpyBackend
 from metagraph.codegen.stored import ScheduleStore
 from metagraph.codegen.tuning import Tuner
-from metagraph.compiler import ir
+from metagraph.compiler import ir, provenance
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import Target, schedule
 from metagraph.compiler.nest import ACC_REGISTERS
 from metagraph.errors import CompileError, MetagraphError, at  # noqa: F401  (the backends import it here)
-from metagraph.runtime import executor, profiler
+from metagraph.ops.node import user_site
+from metagraph.runtime import donation, executor, profiler
 
 SCHEDULE_CACHE_SIZE = 4096
 PARALLEL_WORK = 1 << 15     # loop nests with less work than this run on one thread
@@ -103,6 +105,15 @@ class Schedule:
     functions: list
     sources: list
     runs: int = 0
+    members: list = None     # per step, the graph positions its kernel computes (provenance.py)
+    dead: list = None        # per step, the buffers no later step reads (executor.dead_after)
+    donations: object = None     # runtime.donation.Plan
+
+    def origins(self, graph):
+        """What each step computes for `graph` (a provenance.Origin per step): its ops and lines."""
+        if self.members is None:
+            self.members = [provenance.members(graph, step) for step in self.steps]
+        return [provenance.origin(graph, positions) for positions in self.members]
 
 
 class CompiledBackend:
@@ -112,6 +123,9 @@ class CompiledBackend:
                         # the others (compiler/decompose.py)
     accumulator_registers = ACC_REGISTERS   # vector registers a register tile may fill
     read_slack = executor.SLACK_BYTES       # bytes past a buffer's end that kernels may read
+    host_memory = False     # buffers are host arrays: bfloat16 matmuls may run on the host's kernel
+    comment = "//"          # how a line comment begins in the generated source
+    memory = executor.HOST  # where kernels find their buffers (runtime/opencl.py: a device's memory)
 
     def __init__(self, cache):
         self.schedules = {}
@@ -123,7 +137,8 @@ class CompiledBackend:
     @property
     def target(self):
         """What this backend offers lowering (compiler/lower.py)."""
-        return Target(self.renders, self.accumulator_registers, self.read_slack, flags.NUM_THREADS)
+        return Target(self.renders, self.accumulator_registers, self.read_slack, flags.NUM_THREADS,
+                      self.host_memory and bf16_gemm.available())
 
     # ---- what a code generator provides ---------------------------------------------------
     def render(self, kernels):
@@ -140,18 +155,21 @@ class CompiledBackend:
         raise NotImplementedError
 
     # ---- shared --------------------------------------------------------------------------
-    def load(self, kernels):
-        """(callables, sources) for the kernels, compiling the ones no cache holds. An entry whose
-        binary lacks its kernel (stale or foreign: its hash cannot tell) is rebuilt and counted as
-        a compile, as a corrupt one is."""
+    def load(self, kernels, origins=()):
+        """(callables, sources) for the kernels, compiling the ones no cache holds (`origins`, a
+        provenance.Origin per kernel, head a compiled file as a comment). An entry whose binary
+        lacks its kernel (stale or foreign: its hash cannot tell) is rebuilt and counted as a
+        compile, as a corrupt one is."""
         report = profiler.current()
         sources = [self.render([kernel]) for kernel in kernels]
         keys = [self.cache.key(source) for source in sources]
         wanted = list({key: i for i, key in enumerate(keys) if key not in self.functions}.values())
         missing = [i for i in wanted if self.cache.find(keys[i]) is None]
-        self._compile([kernels[i] for i in missing], [keys[i] for i in missing])
-        stale = [i for i in wanted if not self._open(kernels[i], keys[i])]
-        self._compile([kernels[i] for i in stale], [keys[i] for i in stale])
+        described = {kernel.name: found for kernel, found in zip(kernels, origins)}
+        self._compile([kernels[i] for i in missing], [keys[i] for i in missing], described)
+        compiled = set(missing)
+        stale = [i for i in wanted if not self._open(kernels[i], keys[i], None if i in compiled else report)]
+        self._compile([kernels[i] for i in stale], [keys[i] for i in stale], described)
         for i in stale:
             if not self._open(kernels[i], keys[i]):
                 raise CompileError(f"kernel {kernels[i].name} is missing from the binary just built "
@@ -163,12 +181,15 @@ class CompiledBackend:
 
     def _stored_schedule(self, graph):
         """The Schedule remembered on disk for graphs like `graph` (stored.py), or None."""
+        start = time.perf_counter()
         found = self.stored.load(graph)
         if found is None:
             return None
         report = profiler.current()
         if report is not None:
             report.cache_hits += sum(step.library is None for step in found[0])
+            report.record("load", "schedule from disk", start, time.perf_counter() - start,
+                          kernels=len(found[0]))
         return Schedule(*found)
 
     def stored_function(self, key, name):
@@ -184,8 +205,10 @@ class CompiledBackend:
                 return None
         return function
 
-    def _open(self, kernel, key):
-        """Load a cached kernel into self.functions; False when its binary lacks the kernel."""
+    def _open(self, kernel, key, report=None):
+        """Load a cached kernel into self.functions; False when its binary lacks the kernel. The
+        load is an event of `report` (a profile) when given."""
+        start = time.perf_counter()
         path = self.cache.find(key)
         if path is None:
             raise CompileError(f"kernel {kernel.name} vanished from the cache directory "
@@ -194,18 +217,31 @@ class CompiledBackend:
             self.functions[key] = self.open(path, kernel.name)
         except AttributeError:
             return False
+        if report is not None:
+            report.record("load", kernel.name, start, time.perf_counter() - start, path=path)
         return True
 
-    def _compile(self, kernels, keys):
-        """Compile new kernels: one batch per job, the jobs running at once."""
+    def _compile(self, kernels, keys, described):
+        """Compile new kernels: one batch per job, the jobs running at once. A batch's source
+        file begins with what `described` (kernel name -> provenance.Origin) says of its kernels,
+        outside the text their keys hash."""
         if not kernels:
             return
         groups = max(1, min(self.compile_jobs, len(kernels)))
         batches = [(kernels[g::groups], keys[g::groups]) for g in range(groups)]
+        report = profiler.current()
 
         def build(batch):
+            start = time.perf_counter()
             source = self.render(batch[0])
+            named = [(kernel.name, described[kernel.name]) for kernel in batch[0] if kernel.name in described]
+            if named:
+                source = provenance.header(named, self.comment) + source
             path, _ = self.cache.build(source, batch[1], self.compile)
+            if report is not None:
+                report.record("compile", f"compile {len(batch[0])} kernel(s)", start,
+                              time.perf_counter() - start, path=path,
+                              kernels=[f"{k.name}: {described.get(k.name, '')}" for k in batch[0]])
             if flags.DEBUG:
                 print(f"metagraph: compiled {len(batch[0])} kernel(s) into {path}", file=sys.stderr)
             if flags.DEBUG >= 2:
@@ -216,7 +252,12 @@ class CompiledBackend:
         with ThreadPoolExecutor(groups) as pool:      # threads wait on the toolchain
             list(pool.map(build, batches))
 
+    def memory_for(self, outputs):
+        """The memory (executor.HostMemory's methods) that the graph computing `outputs` runs in."""
+        return self.memory
+
     def realize(self, outputs):
+        began = time.perf_counter()
         graph = pending_graph(outputs)
         key = (graph.key, flags.LIBRARY)
         entry = self.schedules.get(key)
@@ -225,13 +266,20 @@ class CompiledBackend:
         if entry is None:
             steps = schedule(graph, self.target, bool(flags.LIBRARY),
                              tuned=self.tuner.get if flags.TUNE else None)
+            report = profiler.current()
+            if report is not None:
+                report.record("schedule", "schedule", began, time.perf_counter() - began,
+                              nodes=len(graph.nodes), kernels=len(steps))
+            members = [provenance.members(graph, step) for step in steps]
+            origins = [provenance.origin(graph, positions) for positions in members]
             if flags.DEBUG >= 3:
                 print("metagraph: new schedule\n" + "\n".join(
                     f"  {k}: {n.op} {n.shape} {n.dtype.name} <- "
                     f"{[graph.position[i.id] for i in n.inputs]}" for k, n in enumerate(graph.nodes)),
                     file=sys.stderr)
             try:
-                compiled = zip(*self.load([step.kernel for step in steps if step.library is None]))
+                compiled = zip(*self.load([step.kernel for step in steps if step.library is None],
+                                          [o for step, o in zip(steps, origins) if step.library is None]))
                 functions, sources = [], []
                 for step in steps:
                     function, source = library.launcher(step.library) if step.library else next(compiled)
@@ -241,7 +289,7 @@ class CompiledBackend:
                 lines = sorted({at(graph.nodes[step.positions[0]].location) for step in steps})
                 raise type(error)(f"{error}\n(compiling the kernels for values created at "
                                   f"{', '.join(lines)})") from None
-            entry = Schedule([step.compiled() for step in steps], functions, sources)
+            entry = Schedule([step.compiled() for step in steps], functions, sources, members=members)
             self.stored.save(graph, entry.steps, entry.sources)
         if key not in self.schedules:
             if len(self.schedules) >= SCHEDULE_CACHE_SIZE:
@@ -249,9 +297,19 @@ class CompiledBackend:
             self.schedules[key] = entry
         entry.runs += 1
         seconds = [] if self.tuner.wanted(entry.runs) else None
+        if entry.dead is None:
+            entry.dead = executor.dead_after(entry.steps, graph.outputs)
+            entry.donations = donation.Plan(graph, entry.steps)
+        # tuning reads its kernels' inputs after the run; checking reads every step's
+        keep = frozenset() if seconds is None else self.tuner.inputs(entry.steps)
+        report = profiler.current()
+        memory = self.memory_for(outputs)
+        donations = None if flags.CHECK or memory is not executor.HOST else entry.donations   # host buffers
         buffers = executor.run(graph, entry.steps, entry.functions, entry.sources,
                                oracle=check_against_oracle if flags.CHECK else None, seconds=seconds,
-                               explain=explain_failure)
+                               explain=explain_failure, dead=None if flags.CHECK else entry.dead,
+                               donations=donations, keep=keep, memory=memory,
+                               origins=entry.origins(graph) if report is not None or flags.DEBUG else None)
         if seconds is not None:
             names = [step.name for step in entry.steps]
             self.tuner.tune(graph, entry, buffers, seconds)
@@ -263,13 +321,17 @@ class CompiledBackend:
             node = graph.nodes[step.positions[0]]
             if node.requires_grad and node.buffer is None:
                 node.set_buffer(buffers[step.positions[0]])
+        if report is not None:
+            path, line = provenance.line_of(user_site(sys._getframe(1)))
+            report.record("realise", "realise", began, time.perf_counter() - began, at=f"{path}:{line}",
+                          values=len(graph.outputs), kernels=len(entry.steps))
         return [buffers[k] for k in graph.outputs]
 
 
 def _oracle(graph, step, buffers):
     """The kernel's output recomputed by the numpy backend from the kernel's inputs."""
-    known = {graph.nodes[k].id: buffers[k] for k in step.positions[1:]}
-    known.update({node.id: node.buffer for node in graph.nodes if node.buffer is not None})
+    known = {graph.nodes[k].id: np.asarray(buffers[k]) for k in step.positions[1:] if k in buffers}
+    known.update({node.id: np.asarray(node.buffer) for node in graph.nodes if node.buffer is not None})
     return NumpyBackend().realize([graph.nodes[step.positions[0]]], known)[0]
 
 
@@ -285,7 +347,7 @@ def check_against_oracle(graph, step, buffers, source):
     position = step.positions[0]
     root = graph.nodes[position]
     want = _oracle(graph, step, buffers)
-    got = buffers[position]
+    got = np.asarray(buffers[position])
     if root.dtype.is_float:
         scale = np.nanmax(np.abs(want[np.isfinite(want)]), initial=1.0)
         same = np.isclose(got, want, rtol=1e-3, atol=1e-5 * scale, equal_nan=True)

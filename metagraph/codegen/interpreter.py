@@ -42,7 +42,8 @@ class NumpyBackend:
 
 
 def _value(node, values):
-    return node.buffer if node.buffer is not None else values[node.id]
+    """A node's value as a numpy array (a value on a device is copied to the host)."""
+    return np.asarray(node.buffer) if node.buffer is not None else values[node.id]
 
 
 def _topological(outputs, known):
@@ -133,7 +134,7 @@ def _indices(node, index_map, loop_shape, target_shape, extras):
 # ---- one rule per table row ------------------------------------------------------------------
 
 def _accumulator(dtype):
-    return np.float32 if dtype == dtypes.float16 else dtype.np
+    return dtypes.computed_in(dtype).np        # float16 and bfloat16 accumulate in float32
 
 
 def _reduce(node, x):
@@ -205,4 +206,5 @@ RULES = {
     "or": lambda node, a, b: np.bitwise_or(a, b),
     "xor": lambda node, a, b: np.bitwise_xor(a, b),
     "contiguous": lambda node, x: x,
+    "copy": lambda node, x: x,
 }

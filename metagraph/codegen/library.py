@@ -3,6 +3,9 @@ code (METAGRAPH_LIBRARY=1; off by default, so that generated code and a vendor l
 compared honestly). The compiler decides which steps qualify (compiler/contraction.py)."""
 import numpy as np
 
+from metagraph import dtypes
+from metagraph.codegen import bf16_gemm
+
 
 def _matmul_route(subscripts):
     """(transpose a, transpose b) when the einsum is a (batched) matmul of possibly transposed
@@ -20,6 +23,8 @@ def _matmul_route(subscripts):
 
 def launcher(spec):
     """(fn(arrays, error array), a description shown where a kernel's source would be)."""
+    if spec.operand_dtype == dtypes.bfloat16:
+        return bf16_gemm.launcher(spec)
     route = _matmul_route(spec.subscripts)
     if route is not None:
         def launch(arrays, error):

@@ -160,7 +160,11 @@ class Renderer(Ops):
         elif isinstance(value, ir.IndexValue):
             result = self.convert(self.as_int(value.expr), dtypes.int64, value.dtype, truncate_bool=True)
         elif isinstance(value, ir.Load):
-            read = lambda: self.load(value.param, value.dtype, self.as_int(value.index))    # noqa: E731
+            stored = self.kernel.params[value.param].dtype      # float16 or bfloat16 read as float32
+
+            def read():
+                loaded = self.load(value.param, stored, self.as_int(value.index))
+                return self.convert(loaded, stored, value.dtype)
             if value.valid is None:
                 result = read()
             else:
@@ -199,8 +203,12 @@ class Renderer(Ops):
                                 f"i64 {self.as_int(index)}", "a")
 
     def update(self, address, op, v, dtype):
-        old = self.instruction(f"load {LTYPE[dtype.name]}, ptr {address}")
-        self.emit(f"store {LTYPE[dtype.name]} {self.combine(old, op, v, dtype)}, ptr {address}")
+        """memory[address] op= v, where memory holds `dtype` and v is of the dtype `dtype` is computed
+        in (float16 and bfloat16 memory: float32 math, rounded back per update)."""
+        wide = dtypes.computed_in(dtype)
+        old = self.convert(self.instruction(f"load {LTYPE[dtype.name]}, ptr {address}"), dtype, wide)
+        new = self.convert(self.combine(old, op, v, wide), wide, dtype)
+        self.emit(f"store {LTYPE[dtype.name]} {new}, ptr {address}")
 
     def statement(self, s, start="0", end=None):
         names = {}
@@ -246,7 +254,7 @@ class Renderer(Ops):
             self.emit(f"store {LTYPE[param.dtype.name]} {v}, ptr {address}")
         elif isinstance(s, ir.ScatterAccumulate):
             param = self.kernel.params[s.param]
-            v = self.convert(self.value(s.value, names), s.value.dtype, param.dtype)
+            v = self.convert(self.value(s.value, names), s.value.dtype, dtypes.computed_in(param.dtype))
 
             def scatter():
                 self.update(self.address(s.param, param.dtype, self.as_int(s.index)), s.op, v, param.dtype)
@@ -329,7 +337,8 @@ def render(kernels, openmp=True):
     module, views = Module(), []
     for kernel in kernels:
         renderer = Renderer(kernel, module)
-        views.append({"name": kernel.name, "params": [{"output": p.output} for p in kernel.params],
+        params = [{"output": p.output, "shared": p.shared} for p in kernel.params]
+        views.append({"name": kernel.name, "params": params,
                       "groups": renderer.groups()})
     return _TEMPLATE.render(kernels=views, names=[k.name for k in kernels], openmp=openmp,
                             threads=flags.NUM_THREADS, declarations=sorted(module.declarations.values()))
@@ -346,6 +355,8 @@ def _llvm():
 class LLVMBackend(CompiledBackend):
     """Kernels as LLVM IR, compiled in-process by llvmlite, loaded into MCJIT."""
     name = "llvm"
+    host_memory = True       # bfloat16 matmuls through codegen/bf16_gemm.py
+    comment = ";"
     # one compile at a time: with an LLVM context and target machine per thread, a cold ResNet-18
     # compiled no faster (7.9 s against 7.6 s; llvmlite serialises its calls)
     compile_jobs = 1
@@ -360,6 +371,9 @@ class LLVMBackend(CompiledBackend):
             raise CompileError(f"llvmlite is unusable: {error}") from None
         self.llvm = llvm
         self.openmp = self._load_library("gomp")
+        # float16 conversions LLVM leaves to the compiler runtime (float64 -> half, which its
+        # optimiser also forms from float32 math rounded to half): unresolved, they were calls to 0
+        self._load_library("gcc_s")
         self.machine = self._target_machine()
         identity = "\n".join(["llvm", str(llvm.llvm_version_info), self.machine.triple,
                               llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(), "O3"])

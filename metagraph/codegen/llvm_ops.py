@@ -1,7 +1,9 @@
 """The LLVM backend's per-op table: each table op as LLVM instructions and intrinsics, with the
-semantics the numpy oracle defines (NaN wins in max, floor division, wrapping integers, float16
-math in float32, C's conversions). `Ops` is mixed into the renderer, which provides
-`instruction` (emit one, return its name) and `call`.
+semantics the numpy oracle defines (NaN wins in max, floor division, wrapping integers, C's
+conversions). float16 and bfloat16 math arrives as float32 (compiler/decompose.py); bfloat16 is
+held as its bits (i16), converted here by shifts and rounding on the bits, as c_helpers.j2 does.
+`Ops` is mixed into the renderer, which provides `instruction` (emit one, return its name) and
+`call`.
 """
 import struct
 
@@ -10,7 +12,7 @@ import numpy as np
 from metagraph import dtypes
 
 LTYPE = {"bool": "i8", "uint8": "i8", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
-         "float16": "half", "float32": "float", "float64": "double"}
+         "float16": "half", "bfloat16": "i16", "float32": "float", "float64": "double"}
 # the per-op table: (op, kind) -> instruction; kind is f (float), i (signed), u (unsigned), b (bool)
 BINARY = {("add", "f"): "fadd", ("mul", "f"): "fmul",
           ("add", "i"): "add", ("mul", "i"): "mul", ("add", "u"): "add", ("mul", "u"): "mul",
@@ -33,6 +35,8 @@ def kind(dtype):
 
 def constant(value, dtype):
     """An LLVM literal of `dtype` (floats as the hex of the double holding the rounded value)."""
+    if dtype == dtypes.bfloat16:
+        return str(int(np.array(value, dtype=dtype.np).view(np.int16)))
     if dtype.is_float:
         rounded = float(np.array(value, dtype=dtype.np))
         return "0x%016X" % struct.unpack("<Q", struct.pack("<d", rounded))[0]
@@ -58,10 +62,6 @@ class Ops:
         if op == "recip":
             return self.instruction(f"fdiv {t} {constant(1, dtype)}, {args[0]}")
         if op in MATH:
-            if dtype == dtypes.float16:      # float16 math runs in float32, as the C backend does
-                wide = [f"float {self.instruction(f'fpext half {a} to float')}" for a in args]
-                result = self.call("float", f"{MATH[op]}.f32", wide)
-                return self.instruction(f"fptrunc float {result} to half")
             if (op, dtype) == ("exp2", dtypes.float32):
                 return self.instruction(f"call float @mg_exp2f(float {args[0]})")
             return self.call(t, f"{MATH[op]}.{FLOAT_SUFFIX[dtype.name]}", [f"{t} {a}" for a in args])
@@ -91,6 +91,11 @@ class Ops:
         """C's conversion from `source` to `target` (to bool: != 0, unless truncating an index)."""
         if source is target:
             return x
+        if source == dtypes.bfloat16:
+            wide = self.instruction(f"shl i32 {self.instruction(f'zext i16 {x} to i32')}, 16")
+            return self.convert(self.instruction(f"bitcast i32 {wide} to float"), dtypes.float32, target)
+        if target == dtypes.bfloat16:
+            return self.narrow_bf16(self.convert(x, source, dtypes.float32))
         s, t = LTYPE[source.name], LTYPE[target.name]
         if target == dtypes.bool_ and not truncate_bool:
             test = f"fcmp une {s} {x}, 0.0" if source.is_float else f"icmp ne {s} {x}, 0"
@@ -111,6 +116,15 @@ class Ops:
         if target.itemsize > source.itemsize:
             return self.instruction(f"{'sext' if signed else 'zext'} {s} {x} to {t}")
         return self.instruction(f"trunc {s} {x} to {t}")
+
+    def narrow_bf16(self, x):
+        """A float32 rounded to bfloat16 bits: to nearest even, NaN as the quiet NaN 0x7fc0."""
+        bits = self.instruction(f"bitcast float {x} to i32")
+        odd = self.instruction(f"and i32 {self.instruction(f'lshr i32 {bits}, 16')}, 1")
+        rounded = self.instruction(f"add i32 {self.instruction(f'add i32 {bits}, 32767')}, {odd}")
+        narrow = self.instruction(f"trunc i32 {self.instruction(f'lshr i32 {rounded}, 16')} to i16")
+        nan = self.instruction(f"fcmp uno float {x}, 0.0")
+        return self.instruction(f"select i1 {nan}, i16 32704, i16 {narrow}")
 
     def combine(self, old, op, v, dtype):
         t, k = LTYPE[dtype.name], kind(dtype)

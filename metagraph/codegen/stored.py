@@ -16,16 +16,17 @@ Graphs smaller than MIN_NODES are not stored: they lower in about the time readi
 import hashlib
 import json
 import os
+from dataclasses import fields
 from functools import lru_cache
 
-from metagraph import errors, flags
+from metagraph import dtypes, errors, flags
 from metagraph.codegen import library
 from metagraph.compiler.contraction import LibraryContraction
 from metagraph.compiler.lower import Step
 from metagraph.runtime.cache import CACHE_VERSION, write_atomic
 
 MIN_NODES = 64
-FORMAT = 1
+FORMAT = 2
 _TEXTS = {}          # signature number -> its content as text (numbers are never reused)
 _TEXTS_SIZE = 1 << 16
 
@@ -87,11 +88,11 @@ class ScheduleStore:
     def _path(self, graph):
         if len(graph.nodes) < MIN_NODES:
             return None
-        target = self.backend.target
-        renders = None if target.renders is None else sorted(target.renders)
+        target = [(f.name, getattr(self.backend.target, f.name)) for f in fields(self.backend.target)]
+        target = [(name, sorted(value) if isinstance(value, frozenset) else value) for name, value in target]
         context = (f"format {FORMAT} cache {CACHE_VERSION} backend {self.backend.name} "
-                   f"library {flags.LIBRARY} nram {flags.BANG_NRAM} target {renders} {target.registers} "
-                   f"{target.slack} {target.threads}\n{self.backend.cache.identity}\n{code_identity()}")
+                   f"library {flags.LIBRARY} nram {flags.BANG_NRAM} target {target}\n"
+                   f"{self.backend.cache.identity}\n{code_identity()}")
         digest = graph_digest(graph, context)
         return None if digest is None else os.path.join(self.directory, digest + ".json")
 
@@ -114,12 +115,15 @@ class ScheduleStore:
                 "name": step.name, "blocked": step.blocked, "positions": step.positions,
                 "sites": [[kind.__name__, message, position] for kind, message, position in step.sites],
                 "library": None if spec is None else [spec.name, spec.subscripts, spec.operand_shapes,
-                                                      spec.output_shape],
-                "lowering": lowering, "tuned_from": step.tuned_from,
+                                                      spec.output_shape, spec.operand_dtype.name],
+                "lowering": lowering, "tuned_from": step.tuned_from, "in_place": list(step.in_place),
                 "key": None if spec is not None else self.backend.cache.key(source),
                 "source": source})
-        os.makedirs(self.directory, exist_ok=True)
-        write_atomic(path, json.dumps({"format": FORMAT, "chosen": chosen_sets, "steps": records}))
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            write_atomic(path, json.dumps({"format": FORMAT, "chosen": chosen_sets, "steps": records}))
+        except OSError:         # (a full disk): the store only saves time, the values are computed
+            pass
 
     def load(self, graph):
         """(steps, functions, sources) remembered for graphs like `graph`, or None."""
@@ -139,13 +143,15 @@ class ScheduleStore:
         chosen_sets = [frozenset(chosen) for chosen in stored["chosen"]]
         steps, functions, sources = [], [], []
         for record in stored["steps"]:
-            if max(record["positions"]) >= len(graph.nodes):
+            positions = record["positions"]
+            if not all(type(k) is int and 0 <= k < len(graph.nodes) for k in positions) or \
+                    not set(record["in_place"]) <= set(positions[1:]):
                 return None
             spec = record["library"]
             if spec is not None:
-                name, subscripts, operand_shapes, output_shape = spec
+                name, subscripts, operand_shapes, output_shape, operand_dtype = spec
                 spec = LibraryContraction(name, subscripts, [tuple(s) for s in operand_shapes],
-                                          tuple(output_shape))
+                                          tuple(output_shape), dtypes.as_dtype(operand_dtype))
                 function, source = library.launcher(spec)
             else:
                 function, source = self.backend.stored_function(record["key"], record["name"]), \
@@ -158,8 +164,9 @@ class ScheduleStore:
                 lowering = (root, tuple(epilogue), frozenset(prologues), chosen_sets[chosen])
             steps.append(Step.restored(
                 record["name"], record["blocked"], positions=record["positions"],
-                sites=[(_error_class(kind), message, position) for kind, message, position in record["sites"]],
-                library=spec, lowering=lowering, tuned_from=record["tuned_from"]))
+                sites=[(_error_class(kind), text, position) for kind, text, position in record["sites"]],
+                library=spec, lowering=lowering, tuned_from=record["tuned_from"],
+                in_place=tuple(record["in_place"])))
             functions.append(function)
             sources.append(source)
         return steps, functions, sources

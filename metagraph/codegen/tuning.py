@@ -56,6 +56,11 @@ class Tuner:
         """Whether a schedule's `run`-th run (from 1) should be timed for tuning: its second."""
         return flags.TUNE > 0 and run == 2 and self.spent < flags.TUNE
 
+    @staticmethod
+    def inputs(steps):
+        """The graph positions that tuning `steps` may read after their run."""
+        return frozenset(k for step in steps if tunable(step) for k in step.positions[1:])
+
     def tune(self, graph, entry, buffers, seconds):
         """Time variants of the slow, undecided kernels of a compiled.Schedule `entry` (replaced
         in place by the winners) on `buffers`, as long as the budget lasts."""

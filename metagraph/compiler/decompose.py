@@ -5,10 +5,22 @@ here for the others. Each rule is exact (same bits, same NaN and overflow behavi
 on a zero divisor), so a backend that leaves one out still matches the oracle. Rows with no exact
 composition from the others (sqrt, exp2, log2, sin, cos, pow, recip, cmplt, cmpne, where, cast,
 and, or, xor, idiv) have no rule: a backend must render them.
+
+float16 and bfloat16 are storage types, for every backend alike (`widened`): an op on them is the
+op in float32 between a widening and a narrowing cast, so each op rounds once, as the oracle's
+does, and a backend renders only their loads, stores, constants and casts to and from float32
+(bfloat16's other casts pass through float32, as ml_dtypes' and PyTorch's do). A load that is
+widened is a float32 `Load` of the low-precision parameter, converted as it is read: the loop-nest
+rules see a load (a conv's weights still pack into a channel tile, converted once there; as a
+cast of a load, ResNet-18's bfloat16 input gradients ran 67 times slower than float32's).
 """
+import numpy as np
+
 from metagraph import dtypes
 from metagraph.compiler import ir
 from metagraph.errors import MetagraphError
+
+LOW = dtypes.LOW_PRECISION
 
 
 def _neg(x, dtype, site):
@@ -33,7 +45,10 @@ RULES = {"neg": _neg, "max": _max, "mod": _mod}
 
 
 def apply(op, args, dtype, site, renders):
-    """The IR value of table op `op` on `args`, decomposed when the backend does not render it."""
+    """The IR value of table op `op` on `args`, decomposed when the backend does not render it
+    (and computed in float32 when it involves float16 or bfloat16)."""
+    if dtype in LOW or any(arg.dtype in LOW for arg in args):
+        return _widened(op, args, dtype, site, renders)
     if renders is None or op in renders:
         return ir.Apply(op, args, dtype, site)
     if op not in RULES:
@@ -51,3 +66,44 @@ def _check(value, renders):
         for arg in value.args:
             _check(arg, renders)
     return value
+
+
+def widen(value):
+    """A float16 or bfloat16 value as float32 (exact); any other value as it is."""
+    if value.dtype not in LOW:
+        return value
+    if isinstance(value, ir.Load):
+        return ir.Load(value.param, value.index, dtypes.float32, value.valid)
+    if isinstance(value, ir.Scalar):
+        return ir.Scalar(float(np.array(value.value, value.dtype.np)), dtypes.float32)
+    return ir.Apply("cast", (value,), dtypes.float32)
+
+
+def narrow(value, dtype):
+    """A float32 value rounded to the storage type `dtype` (float16 or bfloat16)."""
+    return ir.Apply("cast", (value,), dtype)
+
+
+def index_value(expr, dtype):
+    """The `index` meta-op's value: an integer loop index as `dtype` (through float32 for the
+    storage types, exact below 2^24)."""
+    if dtype not in LOW:
+        return ir.IndexValue(expr, dtype)
+    return narrow(ir.IndexValue(expr, dtypes.float32), dtype)
+
+
+def _widened(op, args, dtype, site, renders):
+    """An op on float16 or bfloat16 values: computed in float32 and rounded back once. A cast
+    between a storage type and float32 is what backends render; bfloat16's casts to and from
+    any other type pass through float32 (float16's stay direct: numpy rounds float64 to float16
+    once)."""
+    if op == "cast":
+        source = args[0].dtype
+        if dtypes.float32 in (source, dtype) or source == dtype:
+            return ir.Apply("cast", args, dtype)
+        if dtypes.bfloat16 in (source, dtype):
+            inner = widen(args[0]) if source in LOW else ir.Apply("cast", args, dtypes.float32)
+            return ir.Apply("cast", (inner,), dtype)
+        return ir.Apply("cast", args, dtype)
+    result = apply(op, tuple(widen(arg) for arg in args), dtypes.computed_in(dtype), site, renders)
+    return narrow(result, dtype) if dtype in LOW else result

@@ -23,11 +23,13 @@ The rules, in the order they apply:
 - the integer index tensors (extras) of a reindex or reindex_reduce are materialised;
 - a chain of inlined nodes deeper than MAX_DEPTH is cut (bounded compile time and stack), counted
   through the shared values a kernel computes once (which a long relu chain is made of).
-Cost: 1 per element-wise op, TRANSCENDENTAL_COST per transcendental, 0 for views and loads.
+Cost: 1 per element-wise op, TRANSCENDENTAL_COST per transcendental, 0 for views and loads (and
+casts from float16 and bfloat16, which loads widen).
 """
 import sys
 
 from metagraph.compiler.simplify import value_range
+from metagraph.dtypes import LOW_PRECISION
 from metagraph.ops.table import ELEMENTWISE, TABLE
 
 CHEAP_COST = 12        # recomputing a sigmoid beats writing it out and reading it back
@@ -78,18 +80,26 @@ def materialised(graph):
             continue
         cost[k] = sum(cost[_pos(graph, source)] for source in node.inputs)
         if TABLE[node.op].kind == ELEMENTWISE:
-            cost[k] += TRANSCENDENTAL_COST if node.op in TRANSCENDENTAL else 1
+            if not (node.op == "cast" and node.inputs[0].dtype in LOW_PRECISION):
+                # (widening a float16 or bfloat16 value is part of its load: compiler/decompose.py)
+                cost[k] += TRANSCENDENTAL_COST if node.op in TRANSCENDENTAL else 1
             if consumers[k] > 1 and cost[k] > CHEAP_COST:
                 chosen.add(k)
                 shared.add(k)       # computed once by its readers' kernel if they are one (below)
                 cost[k] = 0         # its readers do not compute it again, but its depth stays
         if node.op == "reindex":
             source = _pos(graph, node.inputs[0])
+            widened = node.inputs[0]
+            if widened.op == "cast" and widened.inputs[0].dtype in LOW_PRECISION:
+                # a float16 or bfloat16 value widened under a view (ops/linalg.py: a contraction's
+                # operand, a conv's padded window): its copy, if it needs one, keeps the narrow
+                # type, and the view's loads widen it as they read
+                source = _pos(graph, widened.inputs[0])
             # a padded copy pays even where a window reads its elements fewer than twice each on
             # average: a 3x3/2 max-pool over a 16x16 plane (1.9 reads) 5.4 -> 0.2 ms + 0.4 to copy
             ratio = node.numel / max(node.inputs[0].numel, 1)
             expensive = int(ratio) > 1 and cost[source] * int(ratio) > EXPAND_BUDGET
-            if node.inputs[0].numel >= SMALL and (expensive or (ratio > 1 and _padded(node.inputs[0]))):
+            if node.inputs[0].numel >= SMALL and (expensive or (ratio > 1 and _padded(graph.nodes[source]))):
                 chosen.add(source)
                 cost[k] = 0
     return chosen - _computed_once(graph, chosen, shared)

@@ -9,7 +9,7 @@ Both run inside a `lower._Lowering` (`lowering`), whose values, parameters and l
 import math
 
 from metagraph import dtypes
-from metagraph.compiler import ir
+from metagraph.compiler import decompose, ir
 from metagraph.compiler.access import Replace
 from metagraph.compiler.simplify import simplify, value_range
 from metagraph.errors import IndexOutOfRange
@@ -119,8 +119,9 @@ def scatter(lowering, node, out):
     inside = lowering.inside(target, node.shape)
     check = lowering.site(IndexOutOfRange, f"index out of bounds for shape {node.shape}", node) \
         if node.attrs["checked"] else None
+    # a float16 or bfloat16 output adds a float32 value and rounds per addition (decompose.widen)
     body = [ir.ScatterAccumulate(out, lowering.flat(node.shape, target), node.attrs["op"],
-                                 lowering.value(x, source, None), inside, check)]
+                                 decompose.widen(lowering.value(x, source, None)), inside, check)]
     # Parallel only over a source variable that alone picks an output row: no two threads
     # then write the same element. Otherwise serial: a race would corrupt gradients silently.
     injective = {e.axis for e in target[:1] if isinstance(e, Var)}

@@ -233,6 +233,8 @@ class Param:
     dtype: object
     shape: tuple
     output: bool
+    shared: bool = False    # its memory may be another parameter's (an output written over an input
+                            # it reads only at its own index: runtime/donation.py): no restrict/noalias
 
 
 @dataclass

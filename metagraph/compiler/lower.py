@@ -11,14 +11,14 @@ sum: one pass over memory instead of three). A `reindex_reduce` is a gather or a
 import copy
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from metagraph import dtypes
 from metagraph.compiler import cascade, contraction, decompose, gather, ir, rewrites, rows
 from metagraph.compiler.fusion import allow_depth, materialised
 from metagraph.compiler.nest import ACC_REGISTERS, Nest
 from metagraph.compiler.simplify import simplify, substitute
-from metagraph.errors import IndexOutOfRange, MetagraphError
+from metagraph.errors import IndexOutOfRange, MetagraphError, at
 from metagraph.expr import Binary, Const, Extra, Var, variables
 from metagraph.ops.node import reported_op
 
@@ -35,6 +35,8 @@ class Step:
     library: object = None   # a contraction.LibraryContraction computed by a library instead
     lowering: tuple = None   # (root, epilogue reductions, row prologues, materialised): `relower`
     tuned_from: str = None   # the heuristic kernel's name, where tuning chose this one instead
+    in_place: tuple = ()     # positions of realised inputs read only at the output's own index, by
+                             # an element-wise kernel: their buffer may become its output (donation)
     name: str = field(init=False)
     blocked: bool = field(init=False)   # accumulates a block of outputs in a local array
 
@@ -68,12 +70,13 @@ def _defines_block(statements):
 class Target:
     """What the backend offers lowering: the table ops it renders (None: every row; the others
     are decomposed), how many vector registers a register tile may fill, and how many bytes past
-    the end of a buffer the schedule allocates its kernels may read, and how many threads run
-    its kernels."""
+    the end of a buffer the schedule allocates its kernels may read, how many threads run its
+    kernels, and whether bfloat16 matmuls go to the AVX-512 BF16 host kernel (contraction.py)."""
     renders: frozenset = None
     registers: int = ACC_REGISTERS
     slack: int = 0
     threads: int = 1
+    bf16_dot: bool = False
 
 
 class _Refuse(Exception):
@@ -124,9 +127,10 @@ class Kept:
 def _steps(graph, chosen, unfusable, target, library, kept):
     """The steps for one choice of materialised positions (`kept`: what earlier restarts made)."""
     contractions = {}
-    for k in sorted(chosen) if library else ():
+    wanted = (dtypes.float32, dtypes.float64) * bool(library) + (dtypes.bfloat16,) * target.bf16_dot
+    for k in sorted(chosen) if wanted else ():
         try:
-            found = contraction.find(graph, chosen, k)
+            found = contraction.find(graph, chosen, k, wanted)
         except contraction.NotMaterialised as missing:
             raise _Refuse(missing.position) from None
         if found is not None:
@@ -236,6 +240,8 @@ class _Lowering:
         self.extents, self.accumulator = {}, None
         self.reduce_parts = None
         self.visited = set()     # positions whose being in `chosen` decided what was built
+        self.outer, self.outer_shape = None, None    # the output's own index, (shape, dtype)
+        self.identical_reads = {}    # realised input position -> read only at `outer` so far
 
     # ---- parameters ------------------------------------------------------------------------
     def param(self, position, output=False):
@@ -286,15 +292,22 @@ class _Lowering:
         if node.op == "const":
             return ir.Scalar(node.attrs["value"], node.dtype)
         if node.buffer is not None or (k in self.chosen and k != self.root):
+            if node.buffer is not None:
+                identical = valid is None and index == self.outer and \
+                    (node.shape, node.dtype) == self.outer_shape
+                self.identical_reads[k] = self.identical_reads.get(k, True) and identical
             return ir.Load(self.param(k), self.flat(node.shape, index), node.dtype, valid)
         if node.op == "index":
-            return ir.IndexValue(index[node.attrs["axis"]], node.dtype)
+            return decompose.index_value(index[node.attrs["axis"]], node.dtype)
         if node.op == "reindex":
             return self.reindex(node, index, valid)
         if node.op == "reduce":
             return self.reduction(node, index)
         if node.op == "contiguous":
             return self.value(node.inputs[0], index, valid)
+        if node.op == "buffer":         # its buffer was given to a later value (runtime/donation.py)
+            raise MetagraphError(f"the value created at {at(node.location)} was overwritten in place by "
+                                 "a later step; compute what reads it before that step")
         args = tuple(self.value(source, index, valid) for source in node.inputs)
         site = self.site(MetagraphError, "integer division by zero", node) if node.op in ("idiv", "mod") \
             else None
@@ -387,9 +400,9 @@ class _Lowering:
         aligned = bool(reduced) and reduced == root.shape[depth:]
         source_index, loops = self.reduced(node, index, depth if aligned else 1 + max(self.extents))
         op = node.attrs["op"]
-        acc_dtype = dtypes.float32 if node.dtype == dtypes.float16 else node.dtype
+        acc_dtype = dtypes.computed_in(node.dtype)
         self.building.append(depth)
-        accumulate = ir.Accumulate(name, op, self.value(node.inputs[0], source_index, None))
+        accumulate = ir.Accumulate(name, op, decompose.widen(self.value(node.inputs[0], source_index, None)))
         self.building.pop()
         body = [accumulate]
         for var, size in reversed(loops):
@@ -401,10 +414,10 @@ class _Lowering:
 
     def accumulate(self, dtype, init, op, loops, value):
         """The kernel's accumulator for a reduction of `value` over `loops`, and its value as
-        `dtype` (float16 accumulates in float32)."""
-        acc_dtype = dtypes.float32 if dtype == dtypes.float16 else dtype
+        `dtype` (float16 and bfloat16 accumulate in float32)."""
+        acc_dtype = dtypes.computed_in(dtype)
         self.accumulator = ir.Ref("acc", acc_dtype)
-        self.reduce_parts = (acc_dtype, init, op, loops, value)
+        self.reduce_parts = (acc_dtype, init, op, loops, decompose.widen(value))
         if acc_dtype != dtype:
             return ir.Apply("cast", (self.accumulator,), dtype)
         return self.accumulator
@@ -423,7 +436,8 @@ class _Lowering:
         else:
             for d, size in enumerate(node.shape):
                 self.extents[d] = size
-            outer = tuple(Var(d) for d in range(node.ndim))
+            outer = self.outer = tuple(Var(d) for d in range(node.ndim))
+            self.outer_shape = (node.shape, node.dtype)
             store = ir.Store(out, self.flat(node.shape, outer), self.value(node, outer, None))
             rows.cache_shared(self.prologues, store, node.shape, self.extents)
             body = rows.place(self.loop_nest(node, store), self.prologues)
@@ -432,10 +446,15 @@ class _Lowering:
         params = [param for _, param in self.params]
         body = rewrites.scheduled(body, self.extents, params, self.target.threads)
         positions = [position for position, _ in self.params]
+        element_wise = kind == "e" and not self.prologues and not _defines_block(body)
+        in_place = tuple(k for k, identical in self.identical_reads.items() if identical and element_wise)
+        if in_place:
+            shared = {self.root, *in_place}
+            params = [replace(param, shared=True) if k in shared else param for k, param in self.params]
         shape = "x".join(map(str, node.shape)) or "scalar"
         digest = hashlib.sha1(ir.describe((body, params)).encode()).hexdigest()[:8]
         kernel = ir.Kernel(f"{kind}_{shape}_{digest}", params, body, dict(self.extents))
-        return Step(kernel, positions, self.sites)
+        return Step(kernel, positions, self.sites, in_place=in_place)
 
     def loop_nest(self, node, store):
         """Loops over the output around `store`, with the reduction (if any) inside (nest.py)."""

@@ -8,7 +8,8 @@ import numpy as np
 
 from metagraph import backend, dtypes
 from metagraph.creation import tensor as as_tensor
-from metagraph.errors import MetagraphError, ShapeError
+from metagraph.device import device
+from metagraph.errors import DTypeError, MetagraphError, ShapeError
 from metagraph.grad import no_grad
 from metagraph.hooks import RemovableHandle
 from metagraph.nn.backward_hooks import BackwardHookCall
@@ -302,12 +303,29 @@ class Module:
         return self
 
     def to(self, *args, **kwargs):
-        """Devices: everything lives on the host. Dtypes: float parameters and buffers are converted."""
-        dtype = kwargs.get("dtype") or next((a for a in args if not isinstance(a, str)), None)
-        if dtype is not None:
+        """Devices (`to("opencl")`, `to(mg.device("cpu"))`, or a tensor's): parameters, their gradients
+        and buffers move there. Dtypes (`to(mg.bfloat16)`, `to("opencl", dtype)`, or a tensor's): float
+        parameters, their gradients and float buffers are converted. Both in place: the Parameter
+        objects stay, so an optimizer made before still updates them."""
+        target = kwargs.get("device") or next((a for a in args if isinstance(a, (str, device))), None)
+        if target is None:
+            target = next((a.device for a in args if hasattr(a, "node")), None)
+        if target is not None:
             for tensor in list(self.parameters()) + list(self.buffers()):
-                if tensor.dtype.is_float:
-                    tensor.data = tensor.to(dtype)
+                tensor.data = tensor.detach().to(target)
+                if getattr(tensor, "grad", None) is not None:
+                    tensor.grad = tensor.grad.to(target)
+        dtype = kwargs.get("dtype") or next((a for a in args if not isinstance(a, (str, device))), None)
+        if dtype is None:
+            return self
+        dtype = dtype.dtype if hasattr(dtype, "node") else dtypes.as_dtype(dtype)
+        if not dtype.is_float:
+            raise DTypeError(f"Module.to only accepts floating point dtypes, got {dtype.name}")
+        for tensor in list(self.parameters()) + list(self.buffers()):
+            if tensor.dtype.is_float:
+                tensor.data = tensor.to(dtype)
+                if getattr(tensor, "grad", None) is not None:
+                    tensor.grad = tensor.grad.to(dtype)
         return self
 
     def double(self):
@@ -319,8 +337,12 @@ class Module:
     def half(self):
         return self.to(dtypes.float16)
 
+    def bfloat16(self):
+        return self.to(dtypes.bfloat16)
+
     def cpu(self):
-        return self
+        """Parameters and buffers moved to the host."""
+        return self.to(device("cpu"))
 
     # ---- state --------------------------------------------------------------------------------
     def state_dict(self, prefix=""):
@@ -369,7 +391,7 @@ class Module:
         and a copied dtype would not be the dtype (dtypes compare by identity)."""
         for tensor in list(self.parameters()) + list(self.buffers()):
             if id(tensor) not in memo:
-                value = as_tensor(tensor.numpy(), dtype=tensor.dtype)
+                value = as_tensor(tensor.numpy(), dtype=tensor.dtype, device=tensor.device)
                 memo[id(tensor)] = Parameter(value, tensor.requires_grad) if isinstance(tensor, Parameter) \
                     else value
         clone = object.__new__(type(self))

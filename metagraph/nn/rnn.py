@@ -227,7 +227,8 @@ class RNNBase(Module):
         finals = [[] for _ in state]
         for layer in range(self.num_layers):
             if layer and self.dropout and self.training:
-                x = ls.dropout(x, self.dropout, creation.rand(x.shape, dtype=x.dtype).node)
+                uniform = creation.rand(x.shape, dtype=x.dtype, device=x.device or "cpu")
+                x = ls.dropout(x, self.dropout, uniform.node)
             outputs = []
             for d, suffix in enumerate(suffixes):
                 w_ih, w_hh, b_ih, b_hh, w_hr = self._weights(layer, suffix)

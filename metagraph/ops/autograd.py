@@ -13,7 +13,7 @@ has."""
 from collections import OrderedDict
 
 from metagraph.errors import MetagraphError, fail, user_location
-from metagraph.ops.node import GradMode, located
+from metagraph.ops.node import GradMode, built_for_gradient, located
 from metagraph.ops.table import TABLE
 
 
@@ -137,10 +137,11 @@ def _accumulated(order, outputs, output_grads):
 
 
 def _rule(node, grad):
+    """The gradients of node's inputs, as nodes that record `<node's composite>_backward`."""
     rule = TABLE[node.op].grad
     if rule is None:
         raise MetagraphError(f"internal: {node.op} has no gradient but requires grad")
-    return rule(grad, node, *node.inputs)
+    return built_for_gradient(node, rule, grad)
 
 
 def _hooked(node, grad):

@@ -10,6 +10,7 @@ from metagraph import dtypes
 from metagraph.errors import ArgumentError, DTypeError, ShapeError, Unsupported, fail
 from metagraph.expr import Const, Extra, Select, Var, binary
 from metagraph.ops import math as m
+from metagraph.ops.linalg import contract
 from metagraph.ops.movement import reshape, view
 from metagraph.ops.node import GradMode, Node
 from metagraph.ops.recorded import recorded
@@ -128,7 +129,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     window = _window(x, loop, [Var(0), channel], (2, stride[0], 5, dilation[0]),
                      (3, stride[1], 6, dilation[1]), (pt, pl), 0, split)
     taps = view(weight, loop, [Var(1), Var(4), Var(5), Var(6)])
-    out = apply("reduce", apply("mul", window, taps), op="add", axes=(4, 5, 6), keepdim=False)
+    out = contract(window, taps, (4, 5, 6))
     if bias is not None:
         out = out + reshape(bias, (1, k, 1, 1))
     return _unbatch(out, unbatched)
@@ -163,7 +164,7 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     window = view(x, loop, [Var(0), channel, source(Var(2), Var(5), stride[0], padding[0], dilation[0]),
                             source(Var(3), Var(6), stride[1], padding[1], dilation[1])])
     taps = view(weight, loop, [channel, Var(1) % cout_g if groups > 1 else Var(1), Var(5), Var(6)])
-    out = apply("reduce", m.mul(window, taps), op="add", axes=(4, 5, 6), keepdim=False)
+    out = contract(window, taps, (4, 5, 6))
     if bias is not None:
         out = out + reshape(bias, (1, cout, 1, 1))
     return _unbatch(out, unbatched)

@@ -14,6 +14,7 @@ from metagraph import dtypes
 from metagraph.errors import ArgumentError, DTypeError, ShapeError, Unsupported, fail
 from metagraph.expr import Const, Extra, Select, Var, binary
 from metagraph.ops import conv, math as m
+from metagraph.ops.linalg import contract
 from metagraph.ops.movement import reshape, view
 from metagraph.ops.recorded import recorded
 from metagraph.ops.table import apply
@@ -105,7 +106,7 @@ def conv3d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     window = view(x, loop, [Var(0), channel] + [Var(2 + a) * stride[a] + Var(6 + a) * dilation[a] - pads[a][0]
                                                 for a in range(3)], 0)
     taps = view(weight, loop, [Var(1), Var(5), Var(6), Var(7), Var(8)])
-    out = apply("reduce", apply("mul", window, taps), op="add", axes=(5, 6, 7, 8), keepdim=False)
+    out = contract(window, taps, (5, 6, 7, 8))
     if bias is not None:
         out = out + reshape(bias, (1, k, 1, 1, 1))
     return conv._unbatch(out, unbatched)
@@ -139,7 +140,7 @@ def conv_transpose3d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     loop = (n, cout) + sizes + (cin_g,) + tuple(kernel)
     window = view(x, loop, [Var(0), channel] + [source(a) for a in range(3)])
     taps = view(weight, loop, [channel, Var(1) % cout_g if groups > 1 else Var(1), Var(6), Var(7), Var(8)])
-    out = apply("reduce", apply("mul", window, taps), op="add", axes=(5, 6, 7, 8), keepdim=False)
+    out = contract(window, taps, (5, 6, 7, 8))
     if bias is not None:
         out = out + reshape(bias, (1, cout, 1, 1, 1))
     return conv._unbatch(out, unbatched)

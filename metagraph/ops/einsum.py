@@ -11,7 +11,9 @@ so the compiler sees the same contraction as a (batched) matmul and register-til
 from metagraph import dtypes
 from metagraph.errors import ArgumentError, DTypeError, ShapeError, fail
 from metagraph.expr import Const, Var
+from metagraph.amp.autocast import cast_arguments
 from metagraph.ops import math as m
+from metagraph.ops.linalg import contract
 from metagraph.ops.movement import view
 from metagraph.ops.recorded import recorded
 from metagraph.ops.table import apply
@@ -60,6 +62,8 @@ def _sublist(sublist):
 @recorded
 def _einsum(equation, *operands):
     """einsum of an equation string (see the module docstring for the order of contractions)."""
+    if len(operands) > 1:           # a contraction: PyTorch's runs as bmm, on autocast's list
+        operands, _ = cast_arguments("einsum", operands, None)
     problem = _Problem(equation, operands)
     terms = [problem.diagonal(x, labels) for x, labels in zip(operands, problem.inputs)]
     while len(terms) > 1:
@@ -117,9 +121,12 @@ def _contract(terms, keep):
         index_map = [Var(loop.index(label)) if size == sizes[label] else Const(0)
                      for size, label in zip(node.shape, own)]
         views.append(view(node, shape, index_map))
+    axes = tuple(range(len(keep), len(loop)))
+    if len(views) == 2 and axes:
+        return contract(views[0], views[1], axes), tuple(keep)
     product = views[0] if len(views) == 1 else m.mul(views[0], views[1])
-    if len(loop) > len(keep):
-        product = apply("reduce", product, op="add", axes=tuple(range(len(keep), len(loop))), keepdim=False)
+    if axes:
+        product = apply("reduce", product, op="add", axes=axes, keepdim=False)
     return product, tuple(keep)
 
 

@@ -77,14 +77,14 @@ def _mask_indices(x, mask, dim, realize):
     """The integer indices that a bool mask over x's dimensions from `dim` on selects."""
     if mask.ndim == 0:            # x[True] adds a dimension of size 1, as None does
         realize([mask])
-        if not mask.buffer:
+        if not np.asarray(mask.buffer):
             fail(Unsupported, "getitem", "a 0-d False mask (an empty new dimension) is not supported")
         return [None]
     if mask.shape != x.shape[dim:dim + mask.ndim]:
         fail(IndexOutOfRange, "getitem", f"the shape of the mask {list(mask.shape)} at index {dim} does "
                                          f"not match the shape of the indexed tensor {list(x.shape)}")
     realize([mask])       # a mask's shape depends on its values: a sync point
-    return [_index_node(i) for i in np.nonzero(mask.buffer)]
+    return [_index_node(i) for i in np.nonzero(np.asarray(mask.buffer))]
 
 
 def index_map_for(x, key, realize):
@@ -221,10 +221,10 @@ def one_hot(x, num_classes, realize):
     _check_index("one_hot", x)
     if num_classes < 0:
         realize([x])
-        if not x.buffer.size:
+        if not x.numel:
             fail(ArgumentError, "one_hot", "cannot infer the number of classes from an empty tensor; "
                                            "pass num_classes")
-        num_classes = int(x.buffer.max()) + 1
+        num_classes = int(np.asarray(x.buffer).max()) + 1
     square = (num_classes, num_classes)
     identity = m.cast(m.eq(apply("index", shape=square, axis=0, dtype=dtypes.int64),
                            apply("index", shape=square, axis=1, dtype=dtypes.int64)), dtypes.int64)

@@ -1,4 +1,7 @@
-"""matmul: reduce_add(mul(reindex(a), reindex(b))) over the shared dimension."""
+"""matmul: reduce_add(mul(reindex(a), reindex(b))) over the shared dimension, and `contract`, the
+reduction of products that matmul, the convolutions and einsum share."""
+from metagraph import dtypes
+from metagraph.amp.autocast import cast_arguments
 from metagraph.errors import DTypeError, ShapeError, fail
 from metagraph.expr import Const, Var
 from metagraph.ops import math as m
@@ -7,9 +10,31 @@ from metagraph.ops.recorded import recorded
 from metagraph.ops.table import apply
 
 
+def contract(a, b, axes):
+    """reduce_add(a * b) over `axes`, for operands of one dtype and shape (views of a contraction's
+    loop). float16 and bfloat16 operands are multiplied in float32, where their products are exact,
+    summed there and rounded once at the end, as PyTorch's kernels for them compute (and as the
+    AVX-512 BF16 dot product does)."""
+    dtype = a.dtype
+    if dtype in dtypes.LOW_PRECISION:
+        a, b = _widened(a), _widened(b)
+    return m.cast(apply("reduce", apply("mul", a, b), op="add", axes=axes, keepdim=False), dtype)
+
+
+def _widened(view_node):
+    """A low-precision view as float32: the view of the widened source (its fill 0 is 0 in either
+    type). So the gradient crosses the view in float32 (a window's input gradient sums float32
+    products, then rounds once) and a padded source's copy stays low-precision (fusion.py)."""
+    if view_node.op == "reindex" and len(view_node.inputs) == 1 and view_node.attrs["fill"] == 0:
+        return apply("reindex", m.cast(view_node.inputs[0], dtypes.float32), **view_node.attrs)
+    return m.cast(view_node, dtypes.float32)
+
+
 @recorded
 def matmul(a, b):
-    """PyTorch's matmul: 1-D, 2-D and batched operands with broadcasting batch dimensions."""
+    """PyTorch's matmul: 1-D, 2-D and batched operands with broadcasting batch dimensions (in
+    autocast's dtype inside `mg.autocast`: recorded calls are keyed by its state)."""
+    (a, b), _ = cast_arguments("matmul", (a, b), None)
     if a.ndim == 0 or b.ndim == 0:
         fail(ShapeError, "matmul", f"both operands need at least 1 dimension, got {a.shape} and {b.shape}")
     if a.dtype != b.dtype:
@@ -32,8 +57,7 @@ def matmul(a, b):
                      for d, size in enumerate(x.shape[:-2])]
         return view(x, loop, index_map + [rows, cols])
 
-    product = m.mul(operand(a, Var(nb), Var(nb + 2)), operand(b, Var(nb + 2), Var(nb + 1)))
-    result = apply("reduce", product, op="add", axes=(nb + 2,), keepdim=False)
+    result = contract(operand(a, Var(nb), Var(nb + 2)), operand(b, Var(nb + 2), Var(nb + 1)), (nb + 2,))
     if vector_a and vector_b:
         return reshape(result, batch)
     if vector_a:

@@ -9,7 +9,7 @@ import sys
 import threading
 from contextlib import contextmanager
 
-from metagraph.errors import _PACKAGE_DIR
+from metagraph.errors import _PACKAGE_DIR, DeviceError, at
 
 
 class GradMode:
@@ -21,11 +21,11 @@ _ids = itertools.count()
 
 
 class _Building(threading.local):
-    """Per thread: where the nodes being built now are created, if known, and the outermost
-    composite being built (cross_entropy, not the gather inside it). Class defaults, not
+    """Per thread: None, or (where the nodes being built now are created, if known, the outermost
+    composite being built: cross_entropy, not the gather inside it). One attribute, so that a node
+    built outside both (an eager `a + 1`) reads the thread-local once. A class default, not
     getattr(..., None): a missing thread-local attribute costs a caught AttributeError per node."""
-    location = None
-    composite = None
+    context = None
 
 
 _building = _Building()
@@ -33,38 +33,57 @@ _building = _Building()
 
 def labelled(node, own):
     """`node` (a checked reindex), whose run-time errors name the outermost composite being built
-    (set by the composites' wrapper, ops/recorded.py: cross_entropy, not the gather inside it),
-    else `own`, its caller's name. Only checked nodes carry the label: no other node pays for it."""
-    node.composite = _building.composite or own
+    (every node records it: cross_entropy, not the gather inside it), else `own`, its caller's
+    name, rather than its table op."""
+    if node.composite is None:
+        node.composite = own
     return node
 
 
-def current_composite():
-    """The outermost composite being built on this thread, or None."""
-    return _building.composite
+_GRADIENT_NAMES = {}       # a composite's (or op's) name -> the name its gradient rules' nodes record
+
+
+def built_for_gradient(node, rule, grad):
+    """rule(grad, node, *node.inputs), whose nodes record the composite `<node's composite>_backward`
+    (`conv2d_backward`): what profiles name the backward pass's kernels by."""
+    forward = node.composite or node.op
+    name = _GRADIENT_NAMES.get(forward)
+    if name is None:
+        name = _GRADIENT_NAMES[forward] = forward + "_backward"
+    outer = _building.context
+    _building.context = (None if outer is None else outer[0], name)
+    try:
+        return rule(grad, node, *node.inputs)
+    finally:
+        _building.context = outer
 
 
 def built_as(name, composite, args, kwargs):
-    """composite(*args, **kwargs), whose run-time checks report `name` unless a composite outside
-    it is being built already."""
-    if _building.composite is not None:
+    """composite(*args, **kwargs), whose nodes record the composite `name` (what profiles and
+    run-time errors name) unless a composite outside it is being built already."""
+    outer = _building.context
+    if outer is not None and outer[1] is not None:
         return composite(*args, **kwargs)
-    _building.composite = name
+    _building.context = (None if outer is None else outer[0], name)
     try:
         return composite(*args, **kwargs)
     finally:
-        _building.composite = None
+        _building.context = outer
 
 
 def reported_op(node):
-    """The op a run-time error of `node` names: the composite its check was built for, if any."""
+    """The op a run-time error of `node` names: the composite that built it, if any."""
     return getattr(node, "composite", None) or node.op
 
 
-def current_location():
-    """Where a node built now is created: the user's line (as a site, see `user_site`), or the one
-    located() gives."""
-    return _building.location or user_site(sys._getframe(2))   # past this function and its caller
+def replay_context(name):
+    """(where a node built now is created: the user's line as a site, see `user_site`, or the one
+    located() gives; the outermost composite being built, else `name`), for composite `name`
+    replaying its nodes: one thread-local read per replay."""
+    context = _building.context
+    if context is None:
+        return user_site(sys._getframe(2)), name   # past this function and its caller
+    return context[0] or user_site(sys._getframe(2)), context[1] or name
 
 
 _PACKAGE_FILES = set()     # the file names of the package's code met so far
@@ -89,7 +108,7 @@ def user_site(frame):
     return (frame.f_code, frame.f_lasti)
 
 
-def _file_and_line(site):
+def file_and_line(site):
     """(file, line) of a site from user_site."""
     code, offset = site
     for start, end, line in code.co_lines():
@@ -102,30 +121,58 @@ def _file_and_line(site):
 def located(location):
     """Nodes built inside record `location` rather than each walking the stack to find it (the
     backward pass and an optimizer's step build thousands of nodes from one user line)."""
-    outer = _building.location
-    _building.location = location
+    outer = _building.context
+    _building.context = (location, None if outer is None else outer[1])
     try:
         yield
     finally:
-        _building.location = outer
+        _building.context = outer
+
+
+def _mixed_devices(op, device, other, node):
+    raise DeviceError(f"{op}: its operands are on different devices, {device} and {other}; move one with "
+                      f".to() (at {at(node.location)})")
 
 
 class Node:
     """One meta-op application in the lazy graph."""
     __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "site", "requires_grad", "leaf",
                  "buffer", "owner", "id", "signature", "released", "composite",
-                 "grad_hooks", "grad_group",
-                 "__weakref__")     # `composite`: set on checked nodes only (`labelled`)
+                 "grad_hooks", "grad_group", "device",
+                 "__weakref__")
 
-    def __init__(self, op, inputs, attrs, shape, dtype, requires_grad=None, buffer=None, location=None):
+    def __init__(self, op, inputs, attrs, shape, dtype, requires_grad=None, buffer=None, location=None,
+                 composite=None, device=None):
         self.op = op
         self.inputs = inputs = tuple(inputs)
         self.attrs = attrs
         self.shape = tuple(shape)
         self.dtype = dtype
         # where the user created it: `location`, the one located() gives, or the user's frame
-        # (inlined current_location: this runs for every node)
-        self.site = location or _building.location or user_site(sys._getframe(1))
+        # (inlined current_location: this runs for every node); and the outermost composite
+        # building it (conv2d, not the reindex inside it), or None: what profiles and errors name.
+        # A replay gives both, and reads no thread-local.
+        if location is None:
+            context = _building.context
+            if context is None:
+                self.site = user_site(sys._getframe(1))
+            else:
+                self.site = context[0] or user_site(sys._getframe(1))
+                composite = composite or context[1]
+        else:
+            self.site = location
+        self.composite = composite
+        # the device its value lives on ("cpu", "opencl": metagraph.device's names), that of its
+        # inputs unless given; None for a constant or a table built on the host, which goes with
+        # whatever reads it (and is computed on the CPU when nothing does)
+        if device is None:
+            for source in inputs:
+                other = source.device
+                if other is not None and other is not device:
+                    if device is not None:
+                        _mixed_devices(composite or op, device, other, self)
+                    device = other
+        self.device = device
         if requires_grad is None:
             requires_grad = False
             for source in inputs:
@@ -147,7 +194,7 @@ class Node:
         """(file, line) of the user's code that created this node."""
         site = self.site
         if type(site[0]) is not str:
-            site = self.site = _file_and_line(site)
+            site = self.site = file_and_line(site)
         return site
 
     def __getstate__(self):
@@ -255,6 +302,6 @@ def detach(node):
     if not node.requires_grad:
         return node
     copy = Node(node.op, node.inputs, node.attrs, node.shape, node.dtype, requires_grad=False,
-                buffer=node.buffer)
+                buffer=node.buffer, composite=node.composite, device=node.device)
     copy.leaf = True
     return copy

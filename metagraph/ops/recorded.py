@@ -1,9 +1,9 @@
 """Composites recorded once per argument signature and replayed: an eager call's Python cost.
 
 A composite (softmax, conv2d, a loss) builds the same nodes whenever its node arguments have the
-same shapes, dtypes and requires_grad flags and its other arguments are equal: it never reads a
-value. The first call with a signature runs the composite and records the nodes it built, in
-order, as a template. Later calls create those nodes directly, without running broadcasting,
+same shapes, dtypes and requires_grad flags and its other arguments are equal (and grad mode and
+autocast's state are the same): it never reads a value. The first call with a signature runs the
+composite and records the nodes it built, in order, as a template. Later calls create those nodes directly, without running broadcasting,
 promotion and the shape checks again (they passed for this signature). A softmax over a
 4096x1024 tensor builds its graph in a quarter of the time warm, half with cold caches.
 
@@ -15,9 +15,9 @@ is called again every time.
 import functools
 from operator import itemgetter
 
+from metagraph.amp.autocast import AutocastMode
 from metagraph.dtypes import DType
-from metagraph.ops.node import (GradMode, Node, built_as, current_composite, current_location, fresh_id,
-                                signature)
+from metagraph.ops.node import GradMode, Node, built_as, fresh_id, replay_context, signature
 
 TEMPLATE_CACHE_SIZE = 8192
 _TEMPLATES = {}        # call signature -> Template, or _CALL when the composite must be called
@@ -34,7 +34,7 @@ def recorded(composite):
     def call(*args, **kwargs):
         nodes = []
         try:
-            key = (composite, _describe(args, nodes), GradMode.enabled)
+            key = (composite, _describe(args, nodes), GradMode.enabled, AutocastMode.dtype)
             if kwargs:
                 key += (_describe(kwargs, nodes),)
         except _Unkeyable:
@@ -80,43 +80,29 @@ def _describe(value, nodes):
 
 
 class Template:
-    """The nodes one call built, in creation order, each reading earlier slots: the call's node
-    arguments first, then the shared constants it read, then the nodes built before it."""
+    """The nodes one call of composite `name` built, in creation order, each reading earlier
+    slots: the call's node arguments first, then the shared constants it read, then the nodes
+    built before it."""
 
-    def __init__(self, steps, constants, result):
+    def __init__(self, steps, constants, result, name):
         self.steps = steps            # (op, attrs, shape, dtype, requires_grad, leaf, signature, inputs),
                                       # inputs(slots) giving the step's inputs (see _inputs)
         self.constants = constants
         self.result = result          # the composite's result with slot numbers in place of nodes
+        self.name = name
 
     def replay(self, arguments):
-        """The nodes rebuilt from the call's node arguments, a list the slots are appended to."""
-        location = current_location()
+        """The nodes rebuilt from the call's node arguments, a list the slots are appended to. They
+        record the composite a call would (this one, or the one outside it being built)."""
+        location, composite = replay_context(self.name)
         slots = arguments
         slots += self.constants
         for op, attrs, shape, dtype, requires_grad, leaf, node_signature, inputs in self.steps:
-            node = Node(op, inputs(slots), attrs, shape, dtype, requires_grad, None, location)
+            node = Node(op, inputs(slots), attrs, shape, dtype, requires_grad, None, location, composite)
             node.leaf = leaf
             node.signature = node_signature
             slots.append(node)
         return _filled(self.result, slots)
-
-
-class CheckedTemplate(Template):
-    """A template that builds checked nodes (gather, embedding, cross_entropy's targets): their
-    run-time errors name the composite recorded, or the composite outside it when it is replayed
-    inside another's call (as node.labelled does). Other templates pay nothing for this."""
-
-    def __init__(self, steps, constants, result, name, checked):
-        super().__init__(steps, constants, result)
-        self.name, self.checked = name, checked      # slots of the checked nodes
-
-    def replay(self, arguments):
-        result = Template.replay(self, arguments)      # leaves every slot in `arguments`
-        name = current_composite() or self.name
-        for k in self.checked:
-            arguments[k].composite = name
-        return result
 
 
 def _record(result, arguments, start, name):
@@ -148,11 +134,7 @@ def _record(result, arguments, start, name):
     steps = tuple((node.op, node.attrs, node.shape, node.dtype, node.requires_grad, node.leaf,
                    signature(node), _inputs(tuple(slot[id(source)] for source in node.inputs)))
                   for node in order)
-    result = _numbered(structure, slot)
-    checked = [first + k for k, node in enumerate(order) if getattr(node, "composite", None)]
-    if checked:
-        return CheckedTemplate(steps, constants, result, name, checked)
-    return Template(steps, constants, result)
+    return Template(steps, constants, _numbered(structure, slot), name)
 
 
 def _inputs(sources):

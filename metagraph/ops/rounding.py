@@ -67,7 +67,7 @@ def remainder(a, b):
     a, b = operands("remainder", a, b)
     if not a.dtype.is_float:
         return apply("mod", a, b)
-    if a.dtype == dtypes.float16:          # computed in float32, as PyTorch computes half
+    if a.dtype in dtypes.LOW_PRECISION:     # computed in float32, as PyTorch computes half and bfloat16
         return cast(remainder(cast(a, dtypes.float32), cast(b, dtypes.float32)), a.dtype)
     return _floor_division(a, b)[1]
 
@@ -87,7 +87,7 @@ def _rounded(op, a, b, mode):
             return quotient
         inexact = ne(apply("mod", a, b), 0)
         return where(logical_and(inexact, ne(lt(a, 0), lt(b, 0))), quotient + 1, quotient)
-    if a.dtype == dtypes.float16:
+    if a.dtype in dtypes.LOW_PRECISION:
         return cast(_rounded(op, cast(a, dtypes.float32), cast(b, dtypes.float32), mode), a.dtype)
     if mode == "trunc":         # trunc of the rounded quotient, as PyTorch: trunc(0.3 / 0.1) is 3
         return trunc(_quotient(a, b)[0])

@@ -293,7 +293,7 @@ def nan_to_num(x, nan=0.0, posinf=None, neginf=None):
     gradient flows only where x is finite."""
     if not x.dtype.is_float:
         return x
-    info = np.finfo(x.dtype.np)
+    info = dtypes.finfo(x.dtype)
     posinf = float(info.max) if posinf is None else posinf
     neginf = float(info.min) if neginf is None else neginf
     return m.where(isnan(x), nan, m.where(isposinf(x), posinf, m.where(isneginf(x), neginf, x)))

@@ -7,6 +7,7 @@ incoming gradient, `y` the op's output. Every other operation (sub, exp, matmul,
 composition of these rows, and so is every gradient.
 """
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -177,6 +178,18 @@ def cmpne(a, b):
 
 def cmplt(a, b):
     return apply("cmplt", a, b)
+
+
+PENDING_COPIES = weakref.WeakSet()     # copy nodes without a value yet: backend.realize makes them
+
+
+def copy(x, device):
+    """x's value on `device` (a device name: metagraph/device.py), as a node whose value the backend
+    moves there."""
+    node = apply("copy", x, device=device)
+    node.device = device
+    PENDING_COPIES.add(node)
+    return node
 
 
 def unreduce(g, x_shape, axes, keepdim):
@@ -365,6 +378,9 @@ ROWS = [
            "realised data"),
     MetaOp("contiguous", NOT_MATH, "x", (), same_shape, first_dtype, lambda g, y, x: (g,),
            "the same value, materialised: forces a kernel boundary"),
+    MetaOp("copy", NOT_MATH, "x", ("device",), same_shape, first_dtype,
+           lambda g, y, x: (copy(g, x.device or "cpu"),),
+           "the same value on another device (a transfer; backend.realize makes it, kernels never see it)"),
 ]
 
 TABLE = {row.name: row for row in ROWS}

@@ -8,7 +8,7 @@ from metagraph import backend, creation
 from metagraph.errors import ArgumentError, MetagraphError, user_location
 from metagraph.grad import grad as compute_grad
 from metagraph.grad import no_grad
-from metagraph.ops.node import located
+from metagraph.ops.node import built_as, located
 
 
 class Optimizer:
@@ -47,14 +47,14 @@ class Optimizer:
             trained = [p for p in params if p.requires_grad]
             for p, g in zip(trained, compute_grad(loss, trained)):
                 p.grad = g
-        touched = []
+        touched, name = [], f"{type(self).__name__}.step"     # what its kernels are named after
         with no_grad(), located(user_location()):
             for group in self.param_groups:
                 for p in group["params"]:
                     if p.grad is None:
                         continue
                     state = self.state.setdefault(id(p), {})
-                    self._update(p, p.grad, state, group)
+                    built_as(name, self._update, (p, p.grad, state, group), {})
                     touched.extend([p, p.grad, *[v for v in state.values() if hasattr(v, "node")]])
         backend.realize([t.node for t in touched])          # the whole step, in one realisation
 
@@ -62,7 +62,7 @@ class Optimizer:
     def _scalar(value, like):
         """A hyperparameter as a 0-d tensor, not a constant of the graph: a schedule that changes it
         (lr, momentum, betas under OneCycleLR) then reuses the step's kernels instead of compiling
-        new ones every step."""
+        new ones every step. (A device keeps one copy per value: runtime/opencl.py.)"""
         return creation.tensor(value, dtype=like.dtype)
 
     def state_dict(self):
@@ -82,8 +82,9 @@ class Optimizer:
             if len(saved["params"]) != len(group["params"]):
                 raise MetagraphError("load_state_dict: a parameter group has a different size")
             group.update({k: v for k, v in saved.items() if k != "params"})
-        self.state = {id(params[int(k)]): {name: (creation.tensor(value.numpy()) if hasattr(value, "node")
-                                                  else value) for name, value in entry.items()}
+        self.state = {id(params[int(k)]): {name: (creation.tensor(value.numpy(), device=params[int(k)].device)
+                                                  if hasattr(value, "node") else value)
+                                           for name, value in entry.items()}
                       for k, entry in state_dict["state"].items()}
 
 

@@ -7,7 +7,7 @@ import numpy as np
 from metagraph import flags
 from metagraph.errors import MetagraphError, OutOfMemory, at
 from metagraph.ops.node import reported_op
-from metagraph.runtime import profiler
+from metagraph.runtime import donation, profiler
 from metagraph.runtime.pool import Pool
 
 # Every buffer run() allocates has this many zero bytes past its end, which kernels may read (a
@@ -16,41 +16,132 @@ SLACK_BYTES = 128
 POOL = Pool()
 
 
-def run(graph, steps, functions, sources, oracle=None, seconds=None, explain=None):
+class HostMemory:
+    """What run() asks of a memory, for kernels that work in host memory (c, llvm, bang): realised
+    values as they are, outputs from the pool, an error word read after each launch. A backend
+    with memory of its own gives run() another (runtime/opencl.py's DeviceMemory)."""
+
+    @staticmethod
+    def resident(node):
+        """The buffer kernels read for a realised node."""
+        return node.buffer
+
+    @staticmethod
+    def allocate(node):
+        """A buffer for node's value."""
+        return allocate(node.shape, node.dtype.np, node)
+
+    @staticmethod
+    def errors():
+        """A run's error words."""
+        return HostErrors()
+
+    @staticmethod
+    def finish(graph, buffers):
+        """The run's buffers as the caller keeps them."""
+        return buffers
+
+
+class HostErrors:
+    """The error word of a run in host memory: a kernel that fails a check sets it (to the check's
+    number, or -1 for a zero divisor in an index); read after each launch."""
+    __slots__ = ("word",)
+
+    def __init__(self):
+        self.word = np.zeros(1, np.int64)
+
+    def at(self, step):
+        """What step `step`'s kernel is given."""
+        return self.word
+
+    def site(self):
+        """The check the last launch failed, or 0."""
+        return int(self.word[0])
+
+    @staticmethod
+    def failure():
+        """(step, check) of a failure reported only at the end of the run: never here."""
+        return None
+
+
+HOST = HostMemory()
+
+
+def dead_after(steps, outputs):
+    """For each step, the positions it is the last to read (or computes and nothing reads) among
+    those the steps compute and that are not outputs: their buffers can go back to the pool once
+    it has run, so that a training step's peak is its live values, not every value it made."""
+    computed, last = {step.positions[0] for step in steps}, {}
+    for i, step in enumerate(steps):
+        last.setdefault(step.positions[0], i)
+        for position in step.positions[1:]:
+            last[position] = i
+    dead, kept = [[] for _ in steps], set(outputs)
+    for position, i in last.items():
+        if position in computed and position not in kept:
+            dead[i].append(position)
+    return dead
+
+
+def run(graph, steps, functions, sources, oracle=None, seconds=None, explain=None, origins=None,
+        dead=None, donations=None, keep=frozenset(), memory=HOST):
     """Launch every step; returns every array computed or read, by graph position (and appends
     each launch's time to `seconds`, a list, when given). When a kernel reports a failed check,
     `explain(graph, step, buffers)` may raise the error with more detail than the kernel gives
-    (the offending index)."""
-    buffers = {k: node.buffer for k, node in enumerate(graph.nodes) if node.buffer is not None}
+    (the offending index). `origins`: what each step was built from (provenance.Origin), which
+    the profile and METAGRAPH_DEBUG name. `dead` (from dead_after): buffers dropped after each
+    step, unless their node requires grad (realize keeps those); not returned. `donations` (a
+    donation.Plan): inputs whose buffers steps may write their outputs over. Neither touches the
+    positions in `keep` (what tuning will read). `memory` (HostMemory's methods) holds the buffers."""
+    buffers = {k: memory.resident(node) for k, node in enumerate(graph.nodes) if node.buffer is not None}
     report = profiler.current()
-    error = np.zeros(1, np.int64)
-    for step, function, source in zip(steps, functions, sources):
-        node = graph.nodes[step.positions[0]]
-        out = allocate(node.shape, node.dtype.np, node)
-        buffers[step.positions[0]] = out
-        arrays = [buffers[k] for k in step.positions]
-        start = time.perf_counter()
-        if out.size:
-            function(arrays, error)
-        elapsed = time.perf_counter() - start
-        if seconds is not None:
-            seconds.append(elapsed)
-        if report is not None:
-            report.allocate(out.nbytes)
-            report.kernel(step.name, source, elapsed)
-        if flags.DEBUG:
-            print(f"metagraph: {step.name} {elapsed * 1e6:.0f} us", file=sys.stderr)
-        if error[0]:
-            if explain is not None:
-                explain(graph, step, buffers)
-            _raise(graph, step, int(error[0]))
-        if oracle is not None:
-            oracle(graph, step, buffers, source)
+    errors = memory.errors()
+    donating = None if donations is None else donation.Donations(graph, donations, POOL, SLACK_BYTES, keep)
+    finished = 0
+    try:
+        for k, (step, function, source) in enumerate(zip(steps, functions, sources)):
+            node = graph.nodes[step.positions[0]]
+            given = donating.donor(k, buffers) if donating is not None and donations.donors[k] else None
+            fresh = given is None
+            out = memory.allocate(node) if fresh else buffers[given]
+            buffers[step.positions[0]] = out
+            start = time.perf_counter()
+            if out.size:
+                function([buffers[position] for position in step.positions], errors.at(k))
+            elapsed = time.perf_counter() - start
+            if not fresh:
+                del buffers[given]
+            if seconds is not None:
+                seconds.append(elapsed)
+            if report is not None:
+                report.allocate(out.nbytes if fresh else 0)
+                report.kernel(step.name, source, elapsed, start, origins[k] if origins else None)
+            if flags.DEBUG:
+                print(f"metagraph: {step.name} {elapsed * 1e6:.0f} us  {origins[k] if origins else ''}",
+                      file=sys.stderr)
+            site = errors.site()
+            if site:
+                _fail(graph, step, site, buffers, explain if fresh else None)     # (a donated input is gone)
+            if oracle is not None:
+                oracle(graph, step, buffers, source)
+            finished = k + 1
+            for position in dead[k] if dead is not None else ():
+                if not graph.nodes[position].requires_grad and position not in keep:
+                    dropped = buffers.pop(position)
+                    if report is not None:
+                        report.free(dropped.nbytes)
+        failure = errors.failure()
+        if failure is not None:
+            _fail(graph, steps[failure[0]], failure[1], buffers, explain)
+    except BaseException:
+        if donating is not None and donating.given:     # what it computed must not need a donor
+            donation.keep_computed(graph, buffers, [step.positions[0] for step in steps[:finished]])
+        raise
     if report is not None:
         for k in buffers:
             if graph.nodes[k].buffer is None:
                 report.free(buffers[k].nbytes)
-    return buffers
+    return memory.finish(graph, buffers)
 
 
 def empty_cache():
@@ -67,8 +158,20 @@ def allocate(shape, dtype, node=None):
     except OutOfMemory as error:
         if node is None:
             raise
-        raise OutOfMemory(f"{reported_op(node)}: {error} for a {node.dtype.name} value of shape {node.shape} "
-                          f"(node created at {at(node.location)})") from None
+        raise for_node(error, node) from None
+
+
+def for_node(error, node):
+    """An allocation's OutOfMemory `error` as the error of `node`'s value: its op, shape and line."""
+    return OutOfMemory(f"{reported_op(node)}: {error} for a {node.dtype.name} value of shape {node.shape} "
+                       f"(node created at {at(node.location)})")
+
+
+def _fail(graph, step, site, buffers, explain):
+    """Raise the error of `step`'s failed check `site`, with `explain`'s detail when it can give it."""
+    if explain is not None:
+        explain(graph, step, buffers)
+    _raise(graph, step, site)
 
 
 def _raise(graph, step, site):

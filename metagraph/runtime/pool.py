@@ -53,6 +53,12 @@ class Pool:
                 return out
         return np.ndarray(shape, dtype, _zero_tailed(nbytes, slack))
 
+    def references(self, raw, slack):
+        """How many references this pool holds to `raw`, the byte array under an array it handed
+        out with `slack` (two: its table and the loan's record; none if it is not the pool's)."""
+        held = self.arrays.get((raw.nbytes, slack), {}).get(id(raw)) is raw
+        return 2 * held
+
     def _give_back(self, ref):
         """An array handed out has been freed: its raw array may be taken again."""
         _, size, raw = self.lent.pop(id(ref))

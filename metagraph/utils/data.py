@@ -2,3 +2,4 @@
 `from metagraph.utils.data import DataLoader, TensorDataset` works as `torch.utils.data` does."""
 from metagraph.data import (BatchSampler, DataLoader, Dataset, LoaderTimeout, RandomSampler,  # noqa: F401
                             SequentialSampler, TensorDataset, default_collate, default_convert)
+from metagraph.utils.distributed_sampler import DistributedSampler  # noqa: F401

@@ -1,6 +1,7 @@
 """The conformance suite runs on every backend; each result is compared with the numpy oracle
 interpreting the same graph. A backend that cannot work on this machine (no C compiler, no
-llvmlite) is skipped, with the reason."""
+llvmlite, no OpenCL platform) is skipped, with the reason (failed instead where
+METAGRAPH_REQUIRE_BACKENDS names it, as in CI: tests/helpers.needs)."""
 import numpy as np
 import pytest
 
@@ -9,7 +10,7 @@ from metagraph import dtypes
 from metagraph.codegen.interpreter import NumpyBackend
 from tests.helpers import needs
 
-BACKENDS = ["numpy", "c", "llvm", "bang"]
+BACKENDS = ["numpy", "c", "llvm", "bang", "opencl"]
 
 
 @pytest.fixture
@@ -22,7 +23,8 @@ def backend(request):
 
 def compare(got, want, dtype, rtol=None):
     if dtype.is_float:
-        tolerance = rtol or {dtypes.float16: 2e-2, dtypes.float32: 1e-4}.get(dtype, 1e-9)
+        tolerance = rtol or {dtypes.float16: 2e-2, dtypes.bfloat16: 6e-2, dtypes.float32: 1e-4}.get(dtype,
+                                                                                                  1e-9)
         np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=tolerance,
                                    atol=tolerance, equal_nan=True)
     else:

@@ -19,8 +19,8 @@ from metagraph.ops.table import apply
 from tests.backends.conftest import BACKENDS, against_oracle
 
 SIZES = st.sampled_from([1, 2, 3, 5, 7])
-DTYPES = [dtypes.float32, dtypes.float64, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.int8,
-          dtypes.uint8, dtypes.bool_]
+DTYPES = [dtypes.float32, dtypes.float64, dtypes.float16, dtypes.bfloat16, dtypes.int32, dtypes.int64,
+          dtypes.int8, dtypes.uint8, dtypes.bool_]
 # CI replays the same 80 graphs (derandomised, so the kernel cache serves them); hunt for new
 # failures with METAGRAPH_HYPOTHESIS_EXAMPLES=1000 METAGRAPH_HYPOTHESIS_RANDOM=1.
 SETTINGS = settings(max_examples=int(os.environ.get("METAGRAPH_HYPOTHESIS_EXAMPLES", 80)), deadline=None,
@@ -38,7 +38,8 @@ def _leaf(data, shape, dtype):
     else:
         low = 0 if dtype.kind == "u" else -20
         array = rng.integers(low, 20, shape)
-    return mg.tensor(array.astype(dtype.np), requires_grad=dtype.is_float and dtype != dtypes.float16).node
+    trains = dtype.is_float and dtype not in dtypes.LOW_PRECISION     # (tests/test_mixed_precision.py)
+    return mg.tensor(array.astype(dtype.np), requires_grad=trains).node
 
 
 def _random_view(data, x):

@@ -14,6 +14,7 @@ import tarfile
 import zipfile
 from collections import OrderedDict
 
+import ml_dtypes  # noqa: F401  (numpy knows the name "bfloat16" once it is imported)
 import numpy as np
 import pytest
 
@@ -24,7 +25,7 @@ from metagraph.serialization import CheckpointError
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 FOUR_FLOATS = np.arange(4, dtype=np.float32).tobytes()
 LEGACY_MAGIC, LEGACY_PROTOCOL = 0x1950A86A20F9469CFC6C, 1001
-DTYPES = ["float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"]
+DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"]
 
 
 def _rebuild_tensor_v2(*args):
@@ -121,6 +122,13 @@ def assert_same(loaded, expected):
 def torch_name(dtype):
     """torch.float32 -> 'float32'."""
     return str(dtype).removeprefix("torch.")
+
+
+def torch_values(tensor):
+    """A torch tensor's values as numpy holds them (numpy's bfloat16 is ml_dtypes', not torch's)."""
+    if str(tensor.dtype) == "torch.bfloat16":
+        return tensor.view(__import__("torch").int16).numpy().view(mg.bfloat16.np)
+    return tensor.numpy()
 
 
 def every_dtype_state():
@@ -307,10 +315,17 @@ def test_batchnorm_model_round_trips_into_load_state_dict(tmp_path):
 
 # Defect 3: dtypes metagraph lacks are refused as such, naming the file, the tensor and the dtype.
 
-def test_bfloat16_is_not_supported_yet(tmp_path):
-    pickled = torch_pickle({"w": Tensor(Storage(BFloat16Storage, numel=2), 0, (2,), (1,))})
-    with pytest.raises(CheckpointError, match=r"bf.pth holds a tensor \['w'\] of dtype bfloat16, which "
-                                              "metagraph does not support yet"):
+def test_bfloat16_storages_load_little_and_big_endian(tmp_path):
+    bits = np.array([0x3F80, 0xC040, 0x7F80], np.uint16)          # 1, -3, inf
+    pickled = torch_pickle({"w": Tensor(Storage(BFloat16Storage, numel=3), 0, (3,), (1,))})
+    loaded = mg.load(write_zip(tmp_path / "bf.pth", pickled, {"0": bits.astype("<u2").tobytes()}))["w"]
+    assert loaded.dtype == mg.bfloat16
+    np.testing.assert_array_equal(loaded.numpy().astype(np.float32), [1.0, -3.0, np.inf])
+    path = write_zip(tmp_path / "big.pth", pickled, {"0": bits.astype(">u2").tobytes()})
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr("archive/byteorder", b"big")
+    np.testing.assert_array_equal(mg.load(path)["w"].numpy().astype(np.float32), [1.0, -3.0, np.inf])
+    with pytest.raises(CheckpointError, match=r"bf.pth .*6 bytes"):
         mg.load(write_zip(tmp_path / "bf.pth", pickled, {"0": bytes(4)}))
 
 
@@ -321,8 +336,8 @@ def test_every_storage_type_torch_writes_is_handled(tmp_path):
         torch.save({"w": tensor}, tmp_path / "t.pth")
         loaded = mg.load(tmp_path / "t.pth")["w"]
         assert loaded.dtype.name == name and loaded.shape == (2, 3)
-        np.testing.assert_array_equal(loaded.numpy(), tensor.numpy())
-    unsupported = {"bfloat16": "not support yet", "complex64": "not support", "complex128": "not support",
+        np.testing.assert_array_equal(loaded.numpy(), torch_values(tensor))
+    unsupported = {"complex64": "not support", "complex128": "not support",
                    "uint16": "not support", "uint32": "not support", "uint64": "not support",
                    "float8_e4m3fn": "not support"}
     for name, says in unsupported.items():
@@ -387,7 +402,7 @@ def test_legacy_checkpoint_written_by_torch_loads(tmp_path):
     assert list(loaded) == list(state)
     for key, tensor in state.items():
         assert loaded[key].shape == tuple(tensor.shape) and loaded[key].dtype.name == torch_name(tensor.dtype)
-        np.testing.assert_array_equal(loaded[key].numpy(), tensor.numpy())
+        np.testing.assert_array_equal(loaded[key].numpy(), torch_values(tensor))
 
 
 # Defect 5: mg.save writes PyTorch's zip format, and mg.load still reads what mg.save wrote before.
@@ -429,7 +444,7 @@ def test_torch_loads_what_mg_saves(tmp_path):
         if isinstance(value, mg.Tensor):
             assert tuple(loaded[key].shape) == value.shape
             assert torch_name(loaded[key].dtype) == value.dtype.name
-            np.testing.assert_array_equal(loaded[key].numpy(), value.numpy())
+            np.testing.assert_array_equal(torch_values(loaded[key]), value.numpy())
     assert loaded["nested"]["lrs"] == [0.1, 0.01] and loaded["nested"]["pair"][0].tolist() == [1.5]
 
 
@@ -444,7 +459,7 @@ def test_mg_loads_what_torch_saves(tmp_path):
         if isinstance(tensor, torch.Tensor):
             assert loaded[key].shape == tuple(tensor.shape)
             assert loaded[key].dtype.name == torch_name(tensor.dtype)
-            np.testing.assert_array_equal(loaded[key].numpy(), tensor.numpy())
+            np.testing.assert_array_equal(loaded[key].numpy(), torch_values(tensor))
 
 
 def test_batchnorm_model_saved_by_mg_loads_into_torch(tmp_path):

@@ -224,10 +224,10 @@ def test_devices():
     assert x.to("cpu") is x and x.to(mg.device("cpu")) is x and x.cpu() is x
     assert x.to(mg.device("cpu"), mg.float64).dtype == mg.float64
     assert x.to(device="cpu") is x and mg.as_tensor([1.0], device="cpu").shape == (1,)
-    for bad in ("cuda", "cuda:0", "mps"):
-        with pytest.raises(mg.ArgumentError, match="CPU only"):
+    for bad in ("cuda", "cuda:0", "mps", "opencl:1"):
+        with pytest.raises(mg.ArgumentError, match="is not available"):
             x.to(bad)
-        with pytest.raises(mg.ArgumentError, match="CPU only"):
+        with pytest.raises(mg.ArgumentError, match="is not available"):
             mg.device(bad)
 
 

@@ -89,8 +89,8 @@ def test_stored_steps_are_the_steps_that_were_made():
     restored, _, sources = instance.stored.load(graph)
     assert sources == made.sources
     for a, b in zip(made.steps, restored):
-        assert (a.name, a.blocked, a.positions, a.sites, a.library, a.lowering, a.tuned_from) == \
-               (b.name, b.blocked, b.positions, b.sites, b.library, b.lowering, b.tuned_from)
+        assert (a.name, a.blocked, a.positions, a.sites, a.library, a.lowering, a.tuned_from, a.in_place) == \
+               (b.name, b.blocked, b.positions, b.sites, b.library, b.lowering, b.tuned_from, b.in_place)
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "foreign error class", "kernel gone"])

@@ -8,8 +8,9 @@
  * __scatter and the __scatter_<op> accumulations; the __bang_* vector intrinsics work on NRAM.
  *
  * Semantics are those of metagraph's numpy oracle: max lets NaN win, integer division floors,
- * integers wrap, float16 math runs in float32. On a real MLU the same kernel source is handed to
- * the chip's compiler with the vendor's intrinsics in place of this file. */
+ * integers wrap, float16 and bfloat16 math runs in float32 (the kernels convert). On a real MLU the
+ * same kernel source is handed to the chip's compiler with the vendor's intrinsics in place of this
+ * file. */
 #ifndef METAGRAPH_BANG_HOST_H
 #define METAGRAPH_BANG_HOST_H
 #include <math.h>
@@ -212,8 +213,8 @@ MG_FLOAT_TYPES(double, f64, double, )
 #define __bang_bxor(d, a, b, n) MG_GENERIC_INT(mg_bxor, d)(d, a, b, n)
 #define __bang_floordiv(d, a, b, n, err, site) MG_GENERIC_INT(mg_floordiv, d)(d, a, b, n, err, site)
 #define __bang_floormod(d, a, b, n, err, site) MG_GENERIC_INT(mg_floormod, d)(d, a, b, n, err, site)
-#define __bang_select(d, c, a, b, n) MG_GENERIC(mg_select, d)(d, c, a, b, n)
-#define __bang_write_value(d, n, v) MG_GENERIC(mg_write_value, d)(d, n, v)
+#define __bang_select(d, c, a, b, n) MG_GENERIC_STORED(mg_select, d)(d, c, a, b, n)
+#define __bang_write_value(d, n, v) MG_GENERIC_STORED(mg_write_value, d)(d, n, v)
 #define __bang_write_zero(d, n) memset((d), 0, (size_t)(n) * sizeof(*(d)))
 /* reductions: d[0] = the reduction of a[0..n) */
 #define __bang_reduce_sum(d, a, n) MG_GENERIC(mg_reduce_sum, a)(d, a, n)
@@ -222,8 +223,8 @@ MG_FLOAT_TYPES(double, f64, double, )
 #define __bang_reduce_or(d, a, n) MG_GENERIC_INT(mg_reduce_or, a)(d, a, n)
 #define __bang_reduce_and(d, a, n) MG_GENERIC_INT(mg_reduce_and, a)(d, a, n)
 /* accumulate into global memory at offsets (negative: skipped), in lane order */
-#define __scatter_add(d, a, o, n) MG_GENERIC(mg_scatter_add, d)(d, a, o, n)
-#define __scatter_max(d, a, o, n) MG_GENERIC(mg_scatter_max, d)(d, a, o, n)
+#define __scatter_add(d, a, o, n) MG_GENERIC_STORED(mg_scatter_add, d)(d, a, o, n)
+#define __scatter_max(d, a, o, n) MG_GENERIC_STORED(mg_scatter_max, d)(d, a, o, n)
 #define __scatter_bor(d, a, o, n) MG_GENERIC_INT(mg_scatter_bor, d)(d, a, o, n)
 
 /* conversions __bang_<from>2<to>(d, a, n): C's casts; to bool means != 0 */
@@ -246,5 +247,31 @@ MG_CONVERT_FROM(int64_t, int64)
 MG_CONVERT_FROM(_Float16, half)
 MG_CONVERT_FROM(float, float)
 MG_CONVERT_FROM(double, double)
+
+/* bfloat16 lanes hold its bits (uint16_t): kernels only move them, convert them to and from
+ * float32, and scatter into them (float32 math, rounded back per update). The conversions are
+ * c_helpers.j2's, which every kernel file includes after this header. */
+static inline float mg_bf16_to_f32(uint16_t h);
+static inline uint16_t mg_f32_to_bf16(float x);
+static inline void __bang_bfloat162float(float *d, uint16_t *a, int64_t n) {
+    MG_SIMD for (int64_t i = 0; i < n; i++) d[i] = mg_bf16_to_f32(a[i]); }
+static inline void __bang_float2bfloat16(uint16_t *d, float *a, int64_t n) {
+    MG_SIMD for (int64_t i = 0; i < n; i++) d[i] = mg_f32_to_bf16(a[i]); }
+static inline void mg_write_value_bf16(uint16_t *d, int64_t n, uint16_t v) {
+    for (int64_t i = 0; i < n; i++) d[i] = v; }
+static inline void mg_select_bf16(uint16_t *d, uint8_t *c, uint16_t *a, uint16_t *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++) d[i] = c[i] ? a[i] : b[i]; }
+static inline void mg_scatter_add_bf16(uint16_t *d, uint16_t *a, const int64_t *o, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (o[i] >= 0) d[o[i]] = mg_f32_to_bf16(mg_bf16_to_f32(d[o[i]]) + mg_bf16_to_f32(a[i])); }
+static inline void mg_scatter_max_bf16(uint16_t *d, uint16_t *a, const int64_t *o, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float x = mg_bf16_to_f32(a[i]);
+        if (o[i] >= 0 && MG_GREATER(x, mg_bf16_to_f32(d[o[i]]))) d[o[i]] = a[i]; } }
+/* the intrinsics that also take bfloat16 lanes */
+#define MG_GENERIC_STORED(name, p) _Generic((p), \
+    uint8_t *: name##_u8, int8_t *: name##_i8, int16_t *: name##_i16, int32_t *: name##_i32, \
+    int64_t *: name##_i64, _Float16 *: name##_f16, float *: name##_f32, double *: name##_f64, \
+    uint16_t *: name##_bf16)
 
 #endif

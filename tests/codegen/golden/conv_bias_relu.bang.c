@@ -1,6 +1,6 @@
-/* r_2x4x6x6_e755c5a6: 64 lanes per tile; NRAM use 2676 of 524288 bytes */
+/* r_2x4x6x6_17753bab: 64 lanes per tile; NRAM use 2676 of 524288 bytes */
 #define TILE 64
-__mlu_entry__ static void r_2x4x6x6_e755c5a6_entry(char **args, int64_t *err) {
+__mlu_entry__ static void r_2x4x6x6_17753bab_entry(char **args, int64_t *err) {
     float *p0 = (float *)args[0];
     const float *p1 = (const float *)args[1];
     const float *p2 = (const float *)args[2];
@@ -87,4 +87,4 @@ __mlu_entry__ static void r_2x4x6x6_e755c5a6_entry(char **args, int64_t *err) {
     }
 }
 #undef TILE
-MG_BANG_LAUNCH(r_2x4x6x6_e755c5a6)
+MG_BANG_LAUNCH(r_2x4x6x6_17753bab)

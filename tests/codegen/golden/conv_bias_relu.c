@@ -1,4 +1,4 @@
-void r_2x4x6x6_e755c5a6(char **restrict args, int64_t *restrict err) {
+void r_2x4x6x6_17753bab(char **restrict args, int64_t *restrict err) {
     float *restrict p0 = (float *)args[0];
     const float *restrict p1 = (const float *)args[1];
     const float *restrict p2 = (const float *)args[2];

@@ -1,6 +1,6 @@
-/* e_64_a21ae01b: 64 lanes per tile; NRAM use 4480 of 524288 bytes */
+/* e_64_040bb5aa: 64 lanes per tile; NRAM use 4480 of 524288 bytes */
 #define TILE 64
-__mlu_entry__ static void e_64_a21ae01b_entry(char **args, int64_t *err) {
+__mlu_entry__ static void e_64_040bb5aa_entry(char **args, int64_t *err) {
     float *p0 = (float *)args[0];
     const float *p1 = (const float *)args[1];
     __nram__ float nram0[TILE] __attribute__((aligned(64)));
@@ -49,4 +49,4 @@ __mlu_entry__ static void e_64_a21ae01b_entry(char **args, int64_t *err) {
     }
 }
 #undef TILE
-MG_BANG_LAUNCH(e_64_a21ae01b)
+MG_BANG_LAUNCH(e_64_040bb5aa)

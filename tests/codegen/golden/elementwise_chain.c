@@ -1,6 +1,6 @@
-void e_64_a21ae01b(char **restrict args, int64_t *restrict err) {
-    float *restrict p0 = (float *)args[0];
-    const float *restrict p1 = (const float *)args[1];
+void e_64_040bb5aa(char **restrict args, int64_t *restrict err) {
+    float *p0 = (float *)args[0];
+    const float *p1 = (const float *)args[1];
     for (int64_t i0 = 0; i0 < 64; i0++) {
         float t0 = p1[i0];
         float t1 = (t0 * ((float)1.5));

@@ -1,6 +1,6 @@
-/* r_4x9_b6280c86: 64 lanes per tile; NRAM use 552 of 524288 bytes */
+/* r_4x9_89499145: 64 lanes per tile; NRAM use 552 of 524288 bytes */
 #define TILE 64
-__mlu_entry__ static void r_4x9_b6280c86_entry(char **args, int64_t *err) {
+__mlu_entry__ static void r_4x9_89499145_entry(char **args, int64_t *err) {
     float *p0 = (float *)args[0];
     const float *p1 = (const float *)args[1];
     const float *p2 = (const float *)args[2];
@@ -29,4 +29,4 @@ __mlu_entry__ static void r_4x9_b6280c86_entry(char **args, int64_t *err) {
     }
 }
 #undef TILE
-MG_BANG_LAUNCH(r_4x9_b6280c86)
+MG_BANG_LAUNCH(r_4x9_89499145)

@@ -1,4 +1,4 @@
-void r_4x9_b6280c86(char **restrict args, int64_t *restrict err) {
+void r_4x9_89499145(char **restrict args, int64_t *restrict err) {
     float *restrict p0 = (float *)args[0];
     const float *restrict p1 = (const float *)args[1];
     const float *restrict p2 = (const float *)args[2];

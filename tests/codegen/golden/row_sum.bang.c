@@ -1,6 +1,6 @@
-/* r_8_afaa6c9c: 64 lanes per tile; NRAM use 264 of 524288 bytes */
+/* r_8_53e1f804: 64 lanes per tile; NRAM use 264 of 524288 bytes */
 #define TILE 64
-__mlu_entry__ static void r_8_afaa6c9c_entry(char **args, int64_t *err) {
+__mlu_entry__ static void r_8_53e1f804_entry(char **args, int64_t *err) {
     float *p0 = (float *)args[0];
     const float *p1 = (const float *)args[1];
     __nram__ float nram0[TILE] __attribute__((aligned(64)));
@@ -21,4 +21,4 @@ __mlu_entry__ static void r_8_afaa6c9c_entry(char **args, int64_t *err) {
     }
 }
 #undef TILE
-MG_BANG_LAUNCH(r_8_afaa6c9c)
+MG_BANG_LAUNCH(r_8_53e1f804)

@@ -1,4 +1,4 @@
-void r_8_afaa6c9c(char **restrict args, int64_t *restrict err) {
+void r_8_53e1f804(char **restrict args, int64_t *restrict err) {
     float *restrict p0 = (float *)args[0];
     const float *restrict p1 = (const float *)args[1];
     for (int64_t i0 = 0; i0 < 8; i0++) {

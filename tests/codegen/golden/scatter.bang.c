@@ -1,6 +1,6 @@
-/* s_3x3_bda6b4f6: 64 lanes per tile; NRAM use 1024 of 524288 bytes */
+/* s_3x3_da08a0a4: 64 lanes per tile; NRAM use 1024 of 524288 bytes */
 #define TILE 64
-__mlu_entry__ static void s_3x3_bda6b4f6_entry(char **args, int64_t *err) {
+__mlu_entry__ static void s_3x3_da08a0a4_entry(char **args, int64_t *err) {
     float *p0 = (float *)args[0];
     const float *p1 = (const float *)args[1];
     __nram__ float nram0[TILE] __attribute__((aligned(64)));
@@ -28,4 +28,4 @@ __mlu_entry__ static void s_3x3_bda6b4f6_entry(char **args, int64_t *err) {
     }
 }
 #undef TILE
-MG_BANG_LAUNCH(s_3x3_bda6b4f6)
+MG_BANG_LAUNCH(s_3x3_da08a0a4)

@@ -1,4 +1,4 @@
-void s_3x3_bda6b4f6(char **restrict args, int64_t *restrict err) {
+void s_3x3_da08a0a4(char **restrict args, int64_t *restrict err) {
     float *restrict p0 = (float *)args[0];
     const float *restrict p1 = (const float *)args[1];
     for (int64_t i0 = 0; i0 < 3; i0++) {
