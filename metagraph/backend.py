@@ -1,7 +1,11 @@
-"""Which backend realises graphs, and the one call through which every value is computed."""
+"""Which backend realises graphs (the active one for the cpu device's values, a device's own for
+that device's: DEVICE_BACKENDS), and the one call through which every value is computed and moved
+between devices."""
 import sys
 import warnings
 import weakref
+
+import numpy as np
 
 from metagraph import flags
 from metagraph.device import CPU_NAME, OPENCL_NAME
@@ -136,8 +140,11 @@ def to_device(node, device):
 
 
 def _moved(buffer, device):
-    """A realised value (a numpy array, or a device's array) moved to `device`."""
-    return _instance("opencl").device.transfer(buffer, to_device=device is OPENCL_NAME)
+    """A realised value moved to `device`: a host array uploaded to a device, or a device's array
+    copied back to the host."""
+    if device is CPU_NAME:
+        return np.asarray(buffer)
+    return _instance(DEVICE_BACKENDS[device]).device.upload(buffer)
 
 
 def _make_copies(nodes):

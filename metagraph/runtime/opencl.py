@@ -167,12 +167,6 @@ class Device:
             copy = self.numbers[key] = self.upload(value)
         return copy
 
-    def transfer(self, value, to_device):
-        """`value` (a numpy array or DeviceArray) moved to the device or to the host."""
-        if to_device:
-            return value if isinstance(value, DeviceArray) else self.upload(value)
-        return value.numpy() if isinstance(value, DeviceArray) else value
-
     def error_words(self):
         """This thread's two error words on the device (zero unless a failure is being reported)."""
         words = getattr(self.words, "buffer", None)
