@@ -194,16 +194,20 @@ class CompiledBackend:
 
     def stored_function(self, key, name):
         """The callable of the cached kernel with `key` and `name`, or None if the cache lacks it."""
-        function = self.functions.get(key)
-        if function is None:
+        if key not in self.functions:
             path = self.cache.find(key)
-            if path is None:
+            if path is None or not self._opened(key, path, name):
                 return None
-            try:
-                function = self.functions[key] = self.open(path, name)
-            except AttributeError:
-                return None
-        return function
+        return self.functions[key]
+
+    def _opened(self, key, path, name):
+        """Load kernel `name` of the binary at `path` into self.functions under `key`; False when
+        the binary lacks it (a stale or foreign binary: its hash cannot tell)."""
+        try:
+            self.functions[key] = self.open(path, name)
+        except AttributeError:
+            return False
+        return True
 
     def _open(self, kernel, key, report=None):
         """Load a cached kernel into self.functions; False when its binary lacks the kernel. The
@@ -213,9 +217,7 @@ class CompiledBackend:
         if path is None:
             raise CompileError(f"kernel {kernel.name} vanished from the cache directory "
                                f"{self.cache.directory}")
-        try:
-            self.functions[key] = self.open(path, kernel.name)
-        except AttributeError:
+        if not self._opened(key, path, kernel.name):
             return False
         if report is not None:
             report.record("load", kernel.name, start, time.perf_counter() - start, path=path)
@@ -298,8 +300,9 @@ class CompiledBackend:
         entry.runs += 1
         seconds = [] if self.tuner.wanted(entry.runs) else None
         if entry.dead is None:
-            entry.dead = executor.dead_after(entry.steps, graph.outputs)
-            entry.donations = donation.Plan(graph, entry.steps)
+            last = executor.last_uses(entry.steps)
+            entry.dead = executor.dead_after(entry.steps, graph.outputs, last)
+            entry.donations = donation.Plan(graph, entry.steps, last)
         # tuning reads its kernels' inputs after the run; checking reads every step's
         keep = frozenset() if seconds is None else self.tuner.inputs(entry.steps)
         report = profiler.current()

@@ -55,11 +55,8 @@ class Plan:
     step may take over (it reads them last, they are not outputs, it has no run-time check), and
     who reads each position among the graph's unrealised nodes (their reads are in the key)."""
 
-    def __init__(self, graph, steps):
-        last = {}
-        for i, step in enumerate(steps):
-            for position in step.positions[1:]:
-                last[position] = i
+    def __init__(self, graph, steps, last):
+        """`last`: executor.last_uses(steps)."""
         outputs = set(graph.outputs)
         self.donors = [[k for k in step.in_place if last.get(k) == i and k not in outputs]
                        if not step.sites else [] for i, step in enumerate(steps)]

@@ -67,15 +67,23 @@ class HostErrors:
 HOST = HostMemory()
 
 
-def dead_after(steps, outputs):
-    """For each step, the positions it is the last to read (or computes and nothing reads) among
-    those the steps compute and that are not outputs: their buffers can go back to the pool once
-    it has run, so that a training step's peak is its live values, not every value it made."""
-    computed, last = {step.positions[0] for step in steps}, {}
+def last_uses(steps):
+    """For each position the steps read or compute: the index of the last step that does."""
+    last = {}
     for i, step in enumerate(steps):
         last.setdefault(step.positions[0], i)
         for position in step.positions[1:]:
             last[position] = i
+    return last
+
+
+def dead_after(steps, outputs, last=None):
+    """For each step, the positions it is the last to read (or computes and nothing reads) among
+    those the steps compute and that are not outputs: their buffers can go back to the pool once
+    it has run, so that a training step's peak is its live values, not every value it made.
+    (`last`: last_uses(steps), when the caller has it.)"""
+    computed = {step.positions[0] for step in steps}
+    last = last_uses(steps) if last is None else last
     dead, kept = [[] for _ in steps], set(outputs)
     for position, i in last.items():
         if position in computed and position not in kept:

@@ -34,16 +34,21 @@ def assert_same_parameters(bare, wrapped):
         np.testing.assert_array_equal(got.numpy(), want.numpy(), err_msg=name)
 
 
+def train_both(models, optimizers, steps):
+    """`steps` SGD steps of each model with its optimizer on the same batches."""
+    for x, y in batches(steps):
+        for model, optimizer in zip(models, optimizers):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+
+
 def test_it_trains_as_the_bare_model_and_passes_forward_and_state_through():
     bare, wrapped = twins()
     assert wrapped.module is not bare
     assert list(wrapped.state_dict()) == ["module." + k for k in bare.state_dict()]
     optimizers = [mg.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (bare, wrapped)]
-    for x, y in batches(3):
-        for model, optimizer in zip((bare, wrapped), optimizers):
-            optimizer.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            optimizer.step()
+    train_both((bare, wrapped), optimizers, 3)
     assert_same_parameters(bare, wrapped)
     copy = DistributedDataParallel(small_cnn().double())
     copy.load_state_dict(wrapped.state_dict())
@@ -159,11 +164,7 @@ def test_buffers_are_kept_and_batch_statistics_are_the_ranks_own():
         return nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(2 * 6 * 6, 4))
     bare, wrapped = twins(with_norm)
     optimizers = [mg.optim.SGD(m.parameters(), lr=0.1) for m in (bare, wrapped)]
-    for x, y in batches(2):
-        for model, optimizer in zip((bare, wrapped), optimizers):
-            optimizer.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            optimizer.step()
+    train_both((bare, wrapped), optimizers, 2)
     assert_same_parameters(bare, wrapped)
     for want, got in zip(bare.buffers(), wrapped.module.buffers()):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
