@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from metagraph import dtypes
-from metagraph.compiler import cascade, contraction, decompose, gather, ir, rewrites, rows
+from metagraph.compiler import cascade, contraction, decompose, gather, ir, lanes, rewrites, rows
 from metagraph.compiler.fusion import allow_depth, materialised
 from metagraph.compiler.nest import ACC_REGISTERS, Nest
 from metagraph.compiler.simplify import simplify, substitute
@@ -445,6 +445,7 @@ class _Lowering:
         body = cascade.blocked_sums(body, self.extents)
         params = [param for _, param in self.params]
         body = rewrites.scheduled(body, self.extents, params, self.target.threads)
+        body = lanes.lanes_along_reductions(body, self.extents)
         positions = [position for position, _ in self.params]
         element_wise = kind == "e" and not self.prologues and not _defines_block(body)
         in_place = tuple(k for k, identical in self.identical_reads.items() if identical and element_wise)

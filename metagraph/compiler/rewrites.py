@@ -17,7 +17,8 @@ tile over the whole reduction) is read again from memory for every iteration of 
 together exceed the cache. Split P into chunks, move the chunk loop inside Q and stage the operand
 at Q: the panel is then copied once per chunk, contiguous, and read from L2 by every row block of
 the chunk. Matmul 2048^3 on one core re-read its right-hand side 256 times (66 GFLOP/s; 108 now).
-`unroll_and_jam` is in no rule yet (see docs/performance.md).
+`unroll_and_jam` is in no rule yet (see docs/performance.md). The lane rule, which vectorises a
+reduction along its own loop, is in lanes.py and runs after these.
 """
 import math
 
@@ -35,11 +36,13 @@ MIN_CHUNK = 4                # iterations of P that share one staged panel, at l
 
 # ---- primitives ------------------------------------------------------------------------------
 
-def _fresh(extents):
+def fresh_variable(extents):
+    """A loop variable no loop of the kernel uses yet."""
     return max(extents) + 1
 
 
-def _rewrite_body(body, mapping, extents):
+def rewritten_body(body, mapping, extents):
+    """Statements with their index expressions' variables replaced (`mapping`), simplified."""
     return [ir.rewritten_statement(s, lambda expr: simplify(substitute(expr, mapping), extents))
             for s in body]
 
@@ -49,10 +52,10 @@ def split(loop, factor, extents):
     the extent); the outer keeps the loop's kind and variable, the inner is serial."""
     if factor <= 0 or loop.extent % factor:
         raise ValueError(f"split: {factor} does not divide the extent {loop.extent}")
-    inner = _fresh(extents)
+    inner = fresh_variable(extents)
     extents[loop.var], extents[inner] = loop.extent // factor, factor
     mapping = Replace({loop.var: Var(loop.var) * factor + Var(inner)})
-    body = _rewrite_body(loop.body, mapping, extents)
+    body = rewritten_body(loop.body, mapping, extents)
     return ir.Loop(loop.var, loop.extent // factor, loop.kind,
                    [ir.Loop(inner, factor, ir.SERIAL, body)])
 
@@ -79,7 +82,7 @@ def stage(loop, load, extents, name):
         raise ValueError("stage: the load is not read inside the loop")
     used = loop_variables(load)
     loops = [(inner.var, inner.extent) for inner in path if inner.var in used]
-    fresh, next_var = {}, _fresh(extents)
+    fresh, next_var = {}, fresh_variable(extents)
     for k, (var, extent) in enumerate(loops):
         fresh[var] = Var(next_var + k)
         extents[next_var + k] = extent
@@ -102,8 +105,9 @@ def unroll_and_jam(loop, extents):
     iterations write apart; refused where an iteration accumulates into shared memory."""
     if loop.kind == ir.REDUCE or _scatters(loop.body):
         raise ValueError("unroll_and_jam: a reduction or a scatter depends on the loop's order")
-    names = {s.name for s in _statements(loop.body) if isinstance(s, ir.Define)}
-    if any(isinstance(s, (ir.Accumulate, ir.Assign)) and s.name not in names for s in _statements(loop.body)):
+    statements = list(statements_in(loop.body))
+    names = {s.name for s in statements if isinstance(s, ir.Define)}
+    if any(isinstance(s, (ir.Accumulate, ir.Assign)) and s.name not in names for s in statements):
         raise ValueError("unroll_and_jam: the loop writes a local array or accumulator defined outside it")
 
     def copies(statement):
@@ -117,6 +121,15 @@ def unroll_and_jam(loop, extents):
                                               {name: f"{name}_{k}" for name in names}))
         return out
     return [c for s in loop.body for c in copies(s)]
+
+
+def reduction_chain(loop):
+    """The reduction loops from `loop` down, each the only statement of the one before."""
+    path = [loop]
+    while len(path[-1].body) == 1 and isinstance(path[-1].body[0], ir.Loop) and \
+            path[-1].body[0].kind == ir.REDUCE:
+        path.append(path[-1].body[0])
+    return path
 
 
 def _row_major(loops, names, extents):
@@ -168,10 +181,11 @@ def _scatters(body):
                for s in body)
 
 
-def _statements(body):
+def statements_in(body):
+    """Every statement that is not a loop, inside the loops of `body` too, in order."""
     for s in body:
         if isinstance(s, ir.Loop):
-            yield from _statements(s.body)
+            yield from statements_in(s.body)
         else:
             yield s
 
@@ -179,7 +193,8 @@ def _statements(body):
 # ---- the rules ---------------------------------------------------------------------------------
 
 def scheduled(body, extents, params, threads):
-    """The kernel body with the rules applied where they hold: threads first, then panels."""
+    """The kernel body with the rules applied where they hold: threads first, then panels (lanes.py's
+    rule comes after both: its unrolled copies would each look like a panel of its own)."""
     body = [spread_threads(s, threads) if isinstance(s, ir.Loop) else s for s in body]
     return reuse_panels(body, extents, params, threads)
 
@@ -209,7 +224,7 @@ def _panel_reused(outer, extents, params, threads):
         return outer
     inner = outer.body[0]
     if inner.kind != ir.SERIAL or _scatters(inner.body) or \
-            not any(isinstance(s, ir.Loop) and s.kind == ir.REDUCE for s in _loops(inner.body)):
+            not any(isinstance(s, ir.Loop) and s.kind == ir.REDUCE for s in loops_in(inner.body)):
         return outer
     panel = _panel(inner, outer.var, extents, params)
     if panel is None:
@@ -223,7 +238,7 @@ def _panel_reused(outer, extents, params, threads):
     else:
         chunked, inner_loop = None, outer
     swapped = interchange(inner_loop)            # Q outside the chunk's loop
-    load = next(read for s in _statements(swapped.body[0].body) for read in _reads(s)
+    load = next(read for s in statements_in(swapped.body[0].body) for read in _reads(s)
                 if _same_read(panel, read))
     staged = stage(swapped, load, extents, f"panel{swapped.var}")
     if chunked is None:
@@ -231,19 +246,20 @@ def _panel_reused(outer, extents, params, threads):
     return ir.Loop(chunked.var, chunked.extent, chunked.kind, [staged])
 
 
-def _loops(body):
+def loops_in(body):
+    """Every loop of `body`, the outer before the inner."""
     for s in body:
         if isinstance(s, ir.Loop):
             yield s
-            yield from _loops(s.body)
+            yield from loops_in(s.body)
 
 
 def _panel(inner, outer_var, extents, params):
     """The largest input read inside `inner` that does not vary along `outer_var` but does along
     `inner`, whose panel (what one iteration of `inner` reads) is worth staging; or None."""
-    inside = {loop.var: loop.extent for loop in _loops(inner.body)}
+    inside = {loop.var: loop.extent for loop in loops_in(inner.body)}
     best, best_bytes = None, 0
-    for s in _statements(inner.body):
+    for s in statements_in(inner.body):
         for read in _reads(s):
             used = loop_variables(read)
             if outer_var in used or inner.var not in used or params[read.param].output:

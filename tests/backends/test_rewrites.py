@@ -1,6 +1,7 @@
-"""Schedule rewrites (compiler/rewrites.py) keep every kernel's values: random legal sequences of
-split, interchange, unroll-and-jam and stage on the kernels of random graphs, on every code generator, against
-the numpy oracle; and the panel-reuse rule stages where it should and nowhere else."""
+"""Schedule rewrites (compiler/rewrites.py, lanes.py) keep every kernel's values: random legal sequences of
+split, interchange, unroll-and-jam, stage and lane splits on the kernels of random graphs, on every
+code generator, against the numpy oracle; and the panel and lane rules apply where they should and
+nowhere else."""
 import math
 import os
 
@@ -11,10 +12,11 @@ from hypothesis import strategies as st
 
 import metagraph as mg
 from metagraph.codegen import stored
-from metagraph.compiler import ir, rewrites
+from metagraph.compiler import ir, lanes, rewrites
 from metagraph.compiler.access import loop_variables
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import Target, schedule
+from metagraph.expr import Var
 from metagraph.ops.linalg import matmul
 from metagraph.ops.loss import softmax
 from tests.backends.conftest import BACKENDS, against_oracle
@@ -43,7 +45,7 @@ def _reads(loop):
 
 
 def _writes_only_its_own(loop):
-    statements = list(rewrites._statements(loop.body))
+    statements = list(rewrites.statements_in(loop.body))
     own = {s.name for s in statements if isinstance(s, ir.Define)}
     return all(s.name in own for s in statements if isinstance(s, (ir.Accumulate, ir.Assign)))
 
@@ -66,6 +68,28 @@ def _moves(body, extents, params):
             size = np.prod([inside[v] for v in loop_variables(read) if v in inside])
             if not params[read.param].output and size <= STAGE_MAX:
                 yield path, "stage", read
+
+
+def _lane_moves(body, path=()):
+    """(path to an accumulator array's Define, "lane_split", (lanes, width)) for every legal lane
+    split of the reduction chain after it: any lanes up to the innermost reduction's extent, any
+    width from the stored one to the vector loop's."""
+    for k, s in enumerate(body):
+        if isinstance(s, ir.Loop) and s.kind != ir.REDUCE:
+            yield from _lane_moves(s.body, path + (k,))
+        chain = body[k + 1] if k + 1 < len(body) else None
+        if not (isinstance(s, ir.Define) and s.size and s.init is not None and isinstance(chain, ir.Loop)
+                and chain.kind == ir.REDUCE):
+            continue
+        reduction = rewrites.reduction_chain(chain)[-1]
+        row = reduction.body[0] if len(reduction.body) == 1 else None
+        if not isinstance(row, ir.Loop) or row.kind != ir.VECTOR or not all(
+                isinstance(a, ir.Accumulate) and a.name == s.name and a.index is not None for a in row.body):
+            continue
+        stored = min([row.extent] + [loop.extent for _, loop in _loops(body[k + 2:]) if loop.var == row.var])
+        for count in range(1, reduction.extent + 1):         # a tail where they do not divide
+            for width in range(stored, row.extent + 1):
+                yield path + (k,), "lane_split", (count, width)
 
 
 def _applied(body, path, make):
@@ -99,10 +123,15 @@ def _random_rewrites(choices):
     beforehand: whether a kernel is lowered at all depends on caches, which hypothesis must not see)."""
     def rewrite(body, extents, params, threads):
         for n, choice in enumerate(choices):
-            moves = list(_moves(body, extents, params))
+            moves = list(_moves(body, extents, params)) + list(_lane_moves(body))
             if not moves:
                 break
             path, name, argument = moves[choice % len(moves)]
+            if name == "lane_split":
+                define, chain = _at(body, path), _at(body, path[:-1] + (path[-1] + 1,))
+                statements = lanes.lane_split(define, chain, *argument, extents)
+                body = _replaced(_replaced(body, path[:-1] + (path[-1] + 1,), []), path, statements)
+                continue
             if name == "unroll_and_jam":
                 body = _replaced(body, path, rewrites.unroll_and_jam(_at(body, path), extents))
                 continue
@@ -143,6 +172,53 @@ def test_random_rewrites_keep_the_values(backend, data, monkeypatch):
     against_oracle(backend, [out])
 
 
+def _lane_splits(choices):
+    """A stand-in for rewrites.scheduled applying a lane split, its lanes, width and form picked by
+    `choices`, at every accumulator array where one is legal."""
+    def rewrite(body, extents, params, threads):
+        for choice in choices:
+            moves = list(_lane_moves(body))
+            if not moves:
+                break
+            path, _, (count, width) = moves[choice % len(moves)]
+            define, chain = _at(body, path), _at(body, path[:-1] + (path[-1] + 1,))
+            statements = lanes.lane_split(define, chain, count, width, extents, unroll=choice % 2 == 0)
+            body = _replaced(_replaced(body, path[:-1] + (path[-1] + 1,), []), path, statements)
+        return body
+    return rewrite
+
+
+def _weight_gradient(data):
+    """The weight gradient of a random small convolution (a narrow vector loop over the kernel row),
+    or a matmul with a narrow output."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16), label="seed"))
+    if data.draw(st.booleans(), label="matmul"):
+        m, k, n = (data.draw(st.integers(1, 12), label=name) for name in "mkn")
+        return matmul(mg.tensor(rng.standard_normal((m, k)).astype(np.float32)).node,
+                      mg.tensor(rng.standard_normal((k, n)).astype(np.float32)).node)
+    batch, channels, out = (data.draw(st.integers(1, 3), label=name) for name in ("batch", "in", "out"))
+    size = data.draw(st.integers(3, 12), label="size")
+    kernel = data.draw(st.sampled_from([1, 2, 3]), label="k")
+    x = mg.tensor(rng.standard_normal((batch, channels, size, size)).astype(np.float32))
+    w = mg.tensor(rng.standard_normal((out * 4, channels, kernel, kernel)).astype(np.float32),
+                  requires_grad=True)
+    y = mg.nn.functional.conv2d(x, w, padding=kernel // 2)
+    (grad_w,) = mg.grad((y * mg.tensor(rng.standard_normal(y.shape).astype(np.float32))).sum(), [w])
+    return grad_w.node
+
+
+@pytest.mark.parametrize("backend", COMPILED, indirect=True)
+@SETTINGS
+@given(data=st.data())
+def test_random_lane_splits_keep_the_values(backend, data, monkeypatch):
+    choices = data.draw(st.lists(st.integers(0, 2 ** 20), min_size=1, max_size=3), label="splits")
+    out = _weight_gradient(data)
+    monkeypatch.setattr(rewrites, "scheduled", _lane_splits(choices))
+    backend.schedules.clear()
+    monkeypatch.setattr(stored, "MIN_NODES", math.inf)
+    against_oracle(backend, [out])
+
+
 def _staged(nodes, threads=1):
     graph = pending_graph(nodes)
     names = set()
@@ -174,6 +250,32 @@ def test_no_panel_where_the_cache_holds_the_operand():
     assert not _staged([(row @ wide).node])
 
 
+def _lane_split_kernels(nodes):
+    return [step.kernel.name for step in schedule(pending_graph(nodes), Target())
+            if step.kernel and any(isinstance(s, ir.Define) and s.name.endswith("_lanes")
+                                   for s in rewrites.statements_in(step.kernel.body))]
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+@pytest.mark.parametrize("shape, kernel, stride, lanes_expected", [
+    ((2, 3, 8, 8), 3, 1, True),       # a 3-wide kernel row over rows of 8: 8 lanes along the row
+    ((1, 4, 16, 16), 3, 1, True),     # rows of 16: 16 lanes
+    ((2, 3, 12, 12), 3, 1, False),    # 4 lanes divide the row: 3 instructions per 4 steps, not 1.5x fewer
+    ((2, 3, 8, 8), 1, 1, False),      # no kernel row to widen
+    ((2, 3, 16, 16), 3, 2, False),    # a stride-2 input row is not read contiguously
+])
+def test_a_narrow_weight_gradient_is_vectorised_along_its_reduction(backend, shape, kernel, stride,
+                                                                     lanes_expected):
+    rng = np.random.default_rng(6)
+    x = mg.tensor(rng.standard_normal(shape).astype(np.float32), requires_grad=True)
+    w = mg.tensor(rng.standard_normal((8, shape[1], kernel, kernel)).astype(np.float32), requires_grad=True)
+    y = mg.nn.functional.conv2d(x, w, padding=kernel // 2, stride=stride)
+    g = mg.tensor(rng.standard_normal(y.shape).astype(np.float32))
+    (grad_w,) = mg.grad((y * g).sum(), [w])
+    assert bool(_lane_split_kernels([grad_w.node])) == lanes_expected
+    against_oracle(backend, [grad_w.node])
+
+
 def test_primitives_refuse_what_is_not_legal():
     loop = ir.Loop(0, 6, ir.SERIAL, [ir.Loop(1, 4, ir.REDUCE, [])])
     with pytest.raises(ValueError, match="does not divide"):
@@ -187,6 +289,13 @@ def test_primitives_refuse_what_is_not_legal():
     outer_sum = ir.Loop(0, 3, ir.SERIAL, [ir.Accumulate("acc", "add", ir.Scalar(1.0, mg.float32))])
     with pytest.raises(ValueError, match="defined outside"):
         rewrites.unroll_and_jam(outer_sum, {0: 3})
+    tile = [ir.Define("acc", mg.float32, 0.0, "add", 4),
+            ir.Loop(0, 6, ir.REDUCE, [ir.Loop(1, 4, ir.VECTOR, [
+                ir.Accumulate("acc", "add", ir.Scalar(1.0, mg.float32), Var(1))])])]
+    with pytest.raises(ValueError, match="do not fit"):
+        lanes.lane_split(*tile, 8, 4, {0: 6, 1: 4})      # more lanes than the reduction has
+    with pytest.raises(ValueError, match="do not fit"):
+        lanes.lane_split(*tile, 2, 5, {0: 6, 1: 4})      # wider than the vector loop
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
