@@ -24,6 +24,12 @@ from metagraph.expr import Const, Var, linear_terms, variables
 
 PACK_BYTES = 64 * 1024    # a packed operand slice (`Nest.packed`) at most this large
 TILE_PACK_BYTES = 192 * 1024   # a channel tile's packed operand (`Nest.channel_tile`), in L2
+# A register tile along the output row whose vectors hold fewer output elements than this share of
+# their lanes gives way to a channel tile (one core, conv 3x3 forward): over 8x8 planes, bs32 (4
+# rows of 8 in 48 lanes) 2.07 -> 1.41 ms; over 4x4 3.3 -> 1.9 ms; over 7x7 (49 of 64 lanes) the
+# flat plane stays faster (17 ms against 24 as a channel tile). Weight gradients, whose rows are a
+# 3-wide kernel row, gain most: 3x3 512 channels over 7x7 at bs4 36 -> 10 ms, 256 over 14x14 56 -> 16.
+TILE_FILL = 3 / 4
 PANEL_BYTES = 512 * 1024       # a transposed operand's panel (`Nest.transposed_panel`): half of L2
 PANEL_REUSE_MIN = 4            # ... copied only for at least this many output rows that reuse it
 ROW_MIN, ROW_MAX = 8, 1024   # output rows this long are accumulated whole, their loop innermost
@@ -124,8 +130,9 @@ class Nest:
     def channel_tile(self, node, value, store, loops, itemsize):
         """A block of one vector along an outer output dimension v (a conv's channels) where the
         output row's vectorised loop would be guarded lane by lane (a conv's input gradient over a
-        small plane: its window's border) or read with a stride (a strided conv whose weights take
-        a gradient, so its input is not split into phases: 4.9 -> 1.0 ms in ResNet-18's step):
+        small plane: its window's border), read with a stride (a strided conv whose weights take
+        a gradient, so its input is not split into phases: 4.9 -> 1.0 ms in ResNet-18's step) or
+        fill less than TILE_FILL of its vectors' lanes (a conv over an 8x8 or smaller plane):
         the only operand that varies along v, which reads nothing but v and the reduction, is
         copied per tile of v into a local array with v innermost (`self.pack`, at the start of the
         tile's loop, which becomes the parallel one), and every other operand and every guard is
@@ -138,7 +145,10 @@ class Nest:
         if last < 1:
             return None
         guards = [v for v in ir.values(value) if isinstance(v, ir.Guard)]
-        if contiguous(value, last, stride_max=1) and not any(last in loop_variables(g) for g in guards):
+        filled = last < node.ndim - 1 or planes.fill(self.extents, node, value, itemsize,
+                                                     self.registers) >= TILE_FILL
+        if contiguous(value, last, stride_max=1) and not any(last in loop_variables(g) for g in guards) \
+                and filled:
             return None
         reduction = [var for var, _ in loops]
         size = lanes * math.prod(extent for _, extent in loops)

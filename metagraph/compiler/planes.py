@@ -5,13 +5,22 @@ of addresses, and one loop over it computes them all (the lanes past a row are c
 stored). Functions of a `nest.Nest` (`nest`), whose extents and rewrites they use.
 """
 from metagraph.compiler import ir
-from metagraph.compiler.access import VECTOR_BYTES, Replace, loop_variables, row_vectors
+from metagraph.compiler.access import VECTOR_BYTES, Replace, loop_variables, register_block, row_vectors
 from metagraph.expr import Const, Var, linear_terms, variables
 
 
 def flattened(nest, node, value, store, itemsize, blocking):
     """A short output row and the rows after it as one flat vectorised loop (the fields of a
-    `nest._Block`), or None when that does not help.
+    `nest._Block`), or None when that does not help (see `layout`)."""
+    found = layout(nest.extents, node, value, itemsize, blocking, nest.registers)
+    if found is None:
+        return None
+    a, b = node.ndim - 2, node.ndim - 1
+    return plane(nest, a, b, *found, value, store)
+
+
+def layout(extents, node, value, itemsize, blocking, registers):
+    """(pitch, rows) of the flattened plane, or None when it does not apply or help.
 
     Where every load reads the plane (h, w) at S*h + w (times a stride), for one row pitch
     S >= the row's length (a convolution over a padded copy), R rows starting at h are the
@@ -40,7 +49,7 @@ def flattened(nest, node, value, store, itemsize, blocking):
         if cb <= 0 or ca % cb or (pitch is not None and ca // cb != pitch):
             return None
         pitch = ca // cb
-    height, width, rows = nest.extents[a], nest.extents[b], blocking[1]
+    height, width, rows = extents[a], extents[b], blocking[1]
     # Only rows shorter than half a vector: a 14-wide plane flattened to 30 lanes measured
     # slower (gcc then kept the accumulator in memory), a 7-wide one 3x faster.
     if pitch is None or pitch < width or 2 * width * itemsize > VECTOR_BYTES:
@@ -49,12 +58,27 @@ def flattened(nest, node, value, store, itemsize, blocking):
     def score(r):
         lanes = (r - 1) * pitch + width
         vectors = row_vectors(lanes, itemsize)
-        fits = vectors * rows <= nest.registers
+        fits = vectors * rows <= registers
         return fits * r * width * rows / (rows + vectors + rows * vectors)
     best = max((r for r in range(1, height + 1) if height % r == 0), key=score)
     if best == 1 or score(best) <= 0:
         return None
-    return plane(nest, a, b, pitch, best, value, store)
+    return pitch, best
+
+
+def fill(extents, node, value, itemsize, registers):
+    """The share of the lanes of a register tile's vectors that hold output elements (the row
+    rounded up to whole vectors, or the flattened plane): 1.0 for a row of whole vectors."""
+    last = node.ndim - 1
+    width, lanes = extents[last], VECTOR_BYTES // itemsize
+    blocking = register_block(extents, value, list(range(last)), last, 1)
+    found = layout(extents, node, value, itemsize, blocking, registers) if blocking else None
+    if found is not None:
+        pitch, rows = found
+        width, computed = rows * width, (rows - 1) * pitch + width
+    else:
+        computed = width
+    return width / (row_vectors(computed, itemsize) * lanes)
 
 
 def plane(nest, a, b, pitch, rows, value, store):

@@ -1,6 +1,6 @@
 """Channel tiles: a reduction whose output row would be guarded lane by lane (a conv's input
-gradient over a small plane) or read with a stride (a strided conv) is vectorised along an outer
-output dimension instead, the one operand that varies along it packed per tile
+gradient over a small plane), read with a stride (a strided conv) or fill too few of its vectors'
+lanes (a conv over a small plane) is vectorised along an outer output dimension instead, the one operand that varies along it packed per tile
 (compiler/nest.py: `Nest.channel_tile`); the C code generator turns each lane-uniform mask into a
 branch around its vector loop. Checked on every backend against the oracle, at awkward shapes."""
 import os
@@ -65,9 +65,13 @@ CASES = {    # name: (graph, the tiled output dimension or None)
     # too few channels for two tiles: the row tile as before
     "4x4 plane, 24 channels": (
         lambda: _gradient(_data(2, 24, 4, 4, grad=True), _data(5, 24, 3, 3), padding=1), None),
-    # no guard: the forward conv reads a zero-bordered copy
+    # no guard (the forward conv reads a zero-bordered copy), but 4 rows of 4 flattened fill 16 of
+    # the 32 lanes they take
     "forward conv over a 4x4 plane": (
-        lambda: F.conv2d(_data(2, 8, 4, 4), _data(32, 8, 3, 3), padding=1).node, None),
+        lambda: F.conv2d(_data(2, 8, 4, 4), _data(32, 8, 3, 3), padding=1).node, 1),
+    # 7 rows of 7 flattened fill 49 of 64 lanes: the flat plane stays
+    "forward conv over a 7x7 plane": (
+        lambda: F.conv2d(_data(2, 8, 7, 7), _data(32, 8, 3, 3), padding=1).node, None),
 }
 
 
