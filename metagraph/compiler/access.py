@@ -33,10 +33,11 @@ def loop_variables(v):
     return set().union(*(variables(expr) for expr in ir.index_expressions(v)))
 
 
-def register_block(shape, value, outer, inner, size):
+def register_block(shape, value, outer, inner, size, most=8):
     """(d, rows) when output dimension d is worth blocking: some operand does not
     depend on d (it is read once for all rows) and every operand that does is constant along the
-    vectorised loop (one scalar per row). The innermost such dimension; rows divides its extent."""
+    vectorised loop (one scalar per row). The innermost such dimension; rows (at most `most`)
+    divides its extent."""
     loads = operands(value)
     for d in reversed(outer):
         dependent = [load for load in loads if d in loop_variables(load)]
@@ -45,7 +46,7 @@ def register_block(shape, value, outer, inner, size):
         if any(inner in loop_variables(load) for load in dependent):
             continue
         # the first dimension is the parallel loop: keep at least 8 blocks of it for the threads
-        rows = next((r for r in (8, 4, 2) if shape[d] % r == 0 and r * size <= ACC_MAX
+        rows = next((r for r in (8, 4, 2) if r <= most and shape[d] % r == 0 and r * size <= ACC_MAX
                      and (d != 0 or shape[d] // r >= 8)), None)
         if rows is not None:
             return d, rows

@@ -37,6 +37,10 @@ ROW_MIN, ROW_MAX = 8, 1024   # output rows this long are accumulated whole, thei
 # (AVX-512 has 32; a backend may ask for fewer): matmul 1024^3 went from 78-88 to 117-160
 # GFLOP/s with 8 rows x 64 columns under gcc.
 ACC_REGISTERS = 32
+# A register tile keeps at least MIN_CHAINS independent vector accumulations in flight (two FMA
+# units of 4 cycles' latency), blocking further output dimensions while it has fewer (a channel
+# tile over a 2x2 plane had 2), but not past MAX_CHAINS.
+MIN_CHAINS, MAX_CHAINS = 8, 16
 
 
 @dataclass
@@ -118,7 +122,16 @@ class Nest:
             accumulate, stores, rows = self.register_blocked(blocking, (offset, store_offset), size, op,
                                                              found.value, found.store)
             store_loops = [rows] + store_loops
+            vectors, used = row_vectors(size, acc_dtype.itemsize), {blocking[0]}
             size *= rows[1]
+            while len(accumulate) * vectors < MIN_CHAINS:     # too few to hide the latency: block more
+                more = register_block(extent, found.value, [d for d in found.outer if d not in used], inner,
+                                      size, most=MAX_CHAINS // (len(accumulate) * vectors))
+                if more is None:
+                    break
+                accumulate, stores, rows = self.reblocked(more, accumulate, stores, size)
+                store_loops, size = [rows] + store_loops, size * rows[1]
+                used.add(more[0])
         for d in reversed(block):
             accumulate = [ir.Loop(d, extent[d], ir.VECTOR if d == inner else ir.SERIAL, accumulate)]
         for loop_var, loop_extent in reversed(loops):
@@ -385,6 +398,22 @@ class Nest:
             accumulate.append(ir.Accumulate("acc", op, self.substituted(value, mapping), index))
         self.accumulator.index = simplify(Var(r) * size + store_offset, self.extents)
         return accumulate, [self.stored(store, Replace({d: block_var}))], (r, rows, ir.SERIAL)
+
+    def reblocked(self, blocking, accumulate, stores, size):
+        """Register-blocked accumulations (`register_blocked`'s) blocked again along another output
+        dimension d: each is repeated for `rows` consecutive values of d, `size` elements apart in
+        the accumulator. Returns (accumulations, stores, the store's loop over the new rows)."""
+        d, rows = blocking
+        r = max(self.extents) + 1
+        self.extents[d], self.extents[r] = self.extents[d] // rows, rows
+        out = []
+        for row in range(rows):
+            mapping = Replace({d: Var(d) * rows + Const(row)})
+            out += [ir.Accumulate("acc", a.op, self.substituted(a.value, mapping),
+                                  simplify(Const(row * size) + a.index, self.extents)) for a in accumulate]
+        self.accumulator.index = simplify(Var(r) * size + self.accumulator.index, self.extents)
+        mapping = Replace({d: Var(d) * rows + Var(r)})
+        return out, [self.stored(store, mapping) for store in stores], (r, rows, ir.SERIAL)
 
     def substituted(self, value, mapping):
         """A value tree with its index expressions' variables replaced (`mapping`)."""
