@@ -1,14 +1,17 @@
 """Autotuning remembered on disk: a register-tiled kernel that takes long enough is timed once in
-a few variants (other register budgets, no rounding up to whole vectors) on the buffers it has
-just run on, and the fastest is remembered in the kernel cache, so that every later schedule and
-every later process uses it without timing again.
+a few variants (other register budgets, no rounding up to whole vectors, channel tiles and lane
+accumulators where the heuristic would not use them or without them where it would) on the
+buffers it has just run on, and the fastest is remembered in the kernel cache, so that every
+later schedule and every later process uses it without timing again.
 
 Tuning happens on a schedule's second run, never its first (a cold start compiles only the
 heuristic choices), and a process starts tuning no kernel once it has spent METAGRAPH_TUNE
-seconds on it (default 5; 0 turns it off; one kernel's variants take 0.1-0.5 s). Every variant
-computes each output with the same operations in the same order (tiles change which outputs are
-computed together, not how), so the choice changes speed only.
+seconds on it (default 5; 0 turns it off; one kernel's variants take 0.1-0.5 s). Register tiles and
+channel tiles compute each output with the same operations in the same order (they change which
+outputs are computed together, not how); lane accumulators sum a reduction in another order,
+within the rounding every backend's reductions already allow.
 """
+import math
 import sys
 import time
 from dataclasses import replace
@@ -20,6 +23,7 @@ from metagraph.compiler.lower import relower
 from metagraph.runtime import executor
 
 MIN_SECONDS = 1e-3      # kernels faster than this are not worth compiling variants for
+_TUNED = (("registers", int), ("slack", int), ("tile_fill", float), ("lane_gain", float))   # remembered
 REPEATS = 3             # timed runs of each variant (the fastest counts)
 
 
@@ -38,19 +42,26 @@ class Tuner:
 
     def candidates(self):
         """The backend's target and its variants: half and three quarters of its register budget,
-        and no reading past buffer ends (so no rounding up to whole vectors)."""
+        no reading past buffer ends (so no rounding up to whole vectors), channel tiles for every
+        row short of whole vectors or for none, and lane accumulators wherever they save vector
+        instructions or nowhere (variants that render the same kernel are timed once)."""
         target = self.backend.target
         return [target, replace(target, registers=target.registers // 2),
-                replace(target, registers=target.registers * 3 // 4), replace(target, slack=0)]
+                replace(target, registers=target.registers * 3 // 4), replace(target, slack=0),
+                replace(target, tile_fill=1.0), replace(target, tile_fill=0.0),
+                replace(target, lane_gain=1.0), replace(target, lane_gain=math.inf)]
 
     def get(self, name):
-        """The target remembered for the kernel `name` (its register budget and slack as text in
-        the cache), or None."""
+        """The target remembered for the kernel `name` (its register budget, slack, tile fill and
+        lane gain as text in the cache), or None."""
         text = self.cache.tuned(name)
         if text is None:
             return None
-        registers, slack = (int(part) for part in text.split())
-        return replace(self.backend.target, registers=registers, slack=slack)
+        parts = text.split()
+        if len(parts) != len(_TUNED):
+            return None          # written by another version: tuned again
+        chosen = {field: kind(part) for (field, kind), part in zip(_TUNED, parts)}
+        return replace(self.backend.target, **chosen)
 
     def wanted(self, run):
         """Whether a schedule's `run`-th run (from 1) should be timed for tuning: its second."""
@@ -74,11 +85,12 @@ class Tuner:
             start = time.perf_counter()
             best = self.fastest(graph, step, buffers)
             self.spent += time.perf_counter() - start
-            self.cache.remember(name, f"{best[0].registers} {best[0].slack}")
+            self.cache.remember(name, " ".join(str(getattr(best[0], field)) for field, _ in _TUNED))
             steps[i], functions[i], sources[i] = best[1].compiled(), best[2], best[3]
             if flags.DEBUG:
-                print(f"metagraph: tuned {name}: registers {best[0].registers}, slack {best[0].slack} "
-                      f"({self.spent:.1f} s of {flags.TUNE:g} spent)", file=sys.stderr)
+                choice = ", ".join(f"{field} {getattr(best[0], field)}" for field, _ in _TUNED)
+                print(f"metagraph: tuned {name}: {choice} ({self.spent:.1f} s of {flags.TUNE:g} spent)",
+                      file=sys.stderr)
 
     def fastest(self, graph, step, buffers):
         """(target, step, function, source) of the fastest variant of `step`."""

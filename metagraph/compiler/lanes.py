@@ -87,21 +87,21 @@ def _narrowed(body, row, width):
             if isinstance(s, ir.Loop) else s for s in body]
 
 
-def lanes_along_reductions(body, extents):
+def lanes_along_reductions(body, extents, gain=LANE_GAIN):
     """The body with the lane rule of the module docstring applied wherever it holds: an
     accumulator array followed by a chain of reduction loops whose innermost holds only loops (one
     of them the vector loop, `width` of whose iterations are stored) of accumulations into it.
     The lanes (a power of two up to a whole vector, dividing the reduction) are those that need
-    the fewest vector instructions; the rule holds when that cuts them by LANE_GAIN and every index
+    the fewest vector instructions; the rule holds when that cuts them by `gain` and every index
     reads the reduction's variable with unit stride (or not at all). The loops under the reduction
     are unrolled where their copies' accumulators fit LANE_REGISTERS vectors, kept as loops where
     the lane array fits LANE_BYTES, and the rule does not hold otherwise."""
-    out = [ir.Loop(s.var, s.extent, s.kind, lanes_along_reductions(s.body, extents))
+    out = [ir.Loop(s.var, s.extent, s.kind, lanes_along_reductions(s.body, extents, gain))
            if isinstance(s, ir.Loop) and s.kind != ir.REDUCE else s for s in body]
     k = 0
     while k + 1 < len(out):
         define, chain = out[k], out[k + 1]
-        found = _lane_plan(define, chain, out[k + 2:]) \
+        found = _lane_plan(define, chain, out[k + 2:], gain) \
             if isinstance(define, ir.Define) and define.size and define.init is not None and \
             isinstance(chain, ir.Loop) and chain.kind == ir.REDUCE else None
         if found is not None:
@@ -113,7 +113,7 @@ def lanes_along_reductions(body, extents):
     return out
 
 
-def _lane_plan(define, chain, after):
+def _lane_plan(define, chain, after, gain):
     """(lanes, width, unroll) for `lane_split` where the rule holds, else None."""
     reduction = reduction_chain(chain)[-1]
     nest = list(loops_in(reduction.body))
@@ -133,7 +133,7 @@ def _lane_plan(define, chain, after):
     cost, lanes = min((extent // n * width, -n) for n in _powers_of_two(min(vector_lanes, extent))
                       if extent % n == 0)
     lanes = -lanes
-    if now < LANE_GAIN * cost:
+    if now < gain * cost:
         return None
     for s in leaves:
         for v in ir.values(s.value):

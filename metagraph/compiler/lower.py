@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from metagraph import dtypes
 from metagraph.compiler import cascade, contraction, decompose, gather, ir, lanes, rewrites, rows
 from metagraph.compiler.fusion import allow_depth, materialised
-from metagraph.compiler.nest import ACC_REGISTERS, Nest
+from metagraph.compiler.nest import ACC_REGISTERS, TILE_FILL, Nest
 from metagraph.compiler.simplify import simplify, substitute
 from metagraph.errors import IndexOutOfRange, MetagraphError, at
 from metagraph.expr import Binary, Const, Extra, Var, variables
@@ -71,12 +71,16 @@ class Target:
     """What the backend offers lowering: the table ops it renders (None: every row; the others
     are decomposed), how many vector registers a register tile may fill, and how many bytes past
     the end of a buffer the schedule allocates its kernels may read, how many threads run its
-    kernels, and whether bfloat16 matmuls go to the AVX-512 BF16 host kernel (contraction.py)."""
+    kernels, and whether bfloat16 matmuls go to the AVX-512 BF16 host kernel (contraction.py);
+    `tile_fill` and `lane_gain` are the thresholds of the channel tile (nest.py) and the lane rule
+    (lanes.py), which tuning may vary per kernel."""
     renders: frozenset = None
     registers: int = ACC_REGISTERS
     slack: int = 0
     threads: int = 1
     bf16_dot: bool = False
+    tile_fill: float = TILE_FILL
+    lane_gain: float = lanes.LANE_GAIN
 
 
 class _Refuse(Exception):
@@ -445,7 +449,7 @@ class _Lowering:
         body = cascade.blocked_sums(body, self.extents)
         params = [param for _, param in self.params]
         body = rewrites.scheduled(body, self.extents, params, self.target.threads)
-        body = lanes.lanes_along_reductions(body, self.extents)
+        body = lanes.lanes_along_reductions(body, self.extents, self.target.lane_gain)
         positions = [position for position, _ in self.params]
         element_wise = kind == "e" and not self.prologues and not _defines_block(body)
         in_place = tuple(k for k, identical in self.identical_reads.items() if identical and element_wise)
@@ -459,7 +463,7 @@ class _Lowering:
 
     def loop_nest(self, node, store):
         """Loops over the output around `store`, with the reduction (if any) inside (nest.py)."""
-        nest = Nest(self.extents, self.accumulator, self.target.registers,
+        nest = Nest(self.extents, self.accumulator, self.target.registers, self.target.tile_fill,
                     self.readable if self.target.slack else None)
         return nest.loops(node, store, self.reduce_parts)
 

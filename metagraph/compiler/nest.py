@@ -63,8 +63,9 @@ class Nest:
     elements of a parameter a load may touch (its size, or more where the buffer has slack past
     its end), None when no load may read past what its loop needs."""
 
-    def __init__(self, extents, accumulator, registers=ACC_REGISTERS, readable=None):
+    def __init__(self, extents, accumulator, registers=ACC_REGISTERS, tile_fill=TILE_FILL, readable=None):
         self.extents, self.accumulator, self.registers = extents, accumulator, registers
+        self.tile_fill = tile_fill
         self.readable = readable
         self.pack = None     # (output loop variable or None: the kernel's body, statements)
 
@@ -145,7 +146,7 @@ class Nest:
         output row's vectorised loop would be guarded lane by lane (a conv's input gradient over a
         small plane: its window's border), read with a stride (a strided conv whose weights take
         a gradient, so its input is not split into phases: 4.9 -> 1.0 ms in ResNet-18's step) or
-        fill less than TILE_FILL of its vectors' lanes (a conv over an 8x8 or smaller plane):
+        fill less than `tile_fill` of its vectors' lanes (a conv over an 8x8 or smaller plane):
         the only operand that varies along v, which reads nothing but v and the reduction, is
         copied per tile of v into a local array with v innermost (`self.pack`, at the start of the
         tile's loop, which becomes the parallel one), and every other operand and every guard is
@@ -159,7 +160,7 @@ class Nest:
             return None
         guards = [v for v in ir.values(value) if isinstance(v, ir.Guard)]
         filled = last < node.ndim - 1 or planes.fill(self.extents, node, value, itemsize,
-                                                     self.registers) >= TILE_FILL
+                                                     self.registers) >= self.tile_fill
         if contiguous(value, last, stride_max=1) and not any(last in loop_variables(g) for g in guards) \
                 and filled:
             return None
