@@ -19,6 +19,8 @@ from metagraph import dtypes, flags
 from metagraph.codegen import c
 from metagraph.codegen.bang_ops import BOOL_REDUCE, BOOL_VECTOR, NAME, REDUCE, SCATTER, VECTOR, VectorOps
 from metagraph.codegen.compiled import CompiledBackend, template, thread_groups
+from metagraph.codegen.toolchain import SharedObjects, compile_shared, probe_vector_math, toolchain_identity
+from metagraph.codegen.walker import Walker, op_form
 from metagraph.compiler import ir
 from metagraph.errors import MetagraphError
 from metagraph.expr import Binary, Var, linear_terms, variables
@@ -75,12 +77,6 @@ class Renderer(VectorOps, c.Renderer):
         self.nram.append((dtype or dtypes.int64, name, size))
         return name
 
-    def temporary(self, dtype, text):
-        name = f"t{self.temporaries}"
-        self.temporaries += 1
-        self.emit(f"{CTYPE[dtype.name]} {name} = {text};")
-        return name
-
     def lane_loop(self, lines):
         """A loop over the tile's lanes with the lane's own value of the tiled variable (index
         arithmetic and NRAM only)."""
@@ -94,10 +90,8 @@ class Renderer(VectorOps, c.Renderer):
         self.depth -= 1
         self.emit("}")
 
-    def index(self, expr):
-        if self.at_lane and isinstance(expr, Var) and expr.axis == self.var:
-            return f"i{expr.axis}_lane"
-        return super().index(expr)
+    def loop_variable(self, axis):
+        return f"i{axis}_lane" if self.at_lane and axis == self.var else f"i{axis}"
 
     def at(self, expr):
         """An index expression at the current lane (inside lane_loop)."""
@@ -137,53 +131,33 @@ class Renderer(VectorOps, c.Renderer):
         return lo, hi
 
     # ---- values ----------------------------------------------------------------------------
-    def uniform(self, value, names):
-        """A value that is the same on every lane, as a C scalar expression."""
-        if id(value) in names:
-            return names[id(value)]
-        if isinstance(value, ir.Scalar):
-            return c.scalar(value.value, value.dtype)
-        if isinstance(value, ir.Ref):
-            return value.name if value.index is None else f"{value.name}[{self.index(value.index)}]"
-        if isinstance(value, ir.IndexValue):
-            text = f"(({CTYPE[value.dtype.name]})({self.index(value.expr)}))"
-        elif isinstance(value, ir.Load):      # one element, moved by __memcpy into an NRAM slot
-            stored = self.kernel.params[value.param].dtype       # float16 or bfloat16 read as float32
-            slot = self.buffer(stored, 1, "slot")
-            copy = f"__memcpy({slot}, p{value.param} + {self.index(value.index)}, " \
-                   f"sizeof({CTYPE[stored.name]}), GDRAM2NRAM);"
-            if value.valid is None:
-                self.emit(copy)
-            else:
-                self.emit(f"{slot}[0] = 0;")
-                self.emit(f"if ({self.index(value.valid)}) {copy}")
-            text = f"{slot}[0]"
-            if stored != value.dtype:
-                narrow = ir.Load(value.param, value.index, stored)
-                text = self.apply(ir.Apply("cast", (narrow,), value.dtype), [text])
-        elif isinstance(value, ir.Guard):
-            inner = self.uniform(value.value, names)
-            cond = self.index(value.cond)
-            if value.valid is not None:
-                cond = f"(!{self.index(value.valid)} || {cond})"
-            fill = c.scalar(value.fill, value.dtype)
-            otherwise = f"(mg_fail(err, {value.check}), {fill})" if value.check else fill
-            text = f"({cond} ? {inner} : {otherwise})"
+    def load(self, value):
+        """A load of a value that is the same on every lane (those are the walker's, spelt as C):
+        one element, moved by __memcpy into an NRAM slot (nothing moved where `valid` is false)."""
+        stored = self.params[value.param].dtype       # float16 or bfloat16 read as float32
+        slot = self.buffer(stored, 1, "slot")
+        copy = f"__memcpy({slot}, p{value.param} + {self.index(value.index)}, " \
+               f"sizeof({CTYPE[stored.name]}), GDRAM2NRAM);"
+        if value.valid is None:
+            self.emit(copy)
         else:
-            text = self.apply(value, [self.uniform(arg, names) for arg in value.args])
-        names[id(value)] = self.temporary(value.dtype, text)
-        return names[id(value)]
+            self.emit(f"{slot}[0] = 0;")
+            self.emit(f"if ({self.condition(value.valid)}) {copy}")
+        return self.convert(f"{slot}[0]", stored, value.dtype)
+
+    def combine(self, target, op, v, dtype):
+        return op_form(c.COMBINE, op, dtype).format(target, v)
 
     def lanes(self, value, names):
         """A value along the tile: an NRAM buffer name (or a uniform scalar's C expression, with
         is_buffer False)."""
         if not self.varies(value):
-            return self.uniform(value, names), False
+            return self.value(value, names), False
         if id(value) in names:
             return names[id(value)], True
         out = self.buffer(value.dtype) if not isinstance(value, ir.Ref) else None
         if isinstance(value, ir.Load):
-            self.load(value, out)
+            self.load_tile(value, out)
         elif isinstance(value, ir.IndexValue):
             self.lane_loop([f"{out}[lane] = ({CTYPE[value.dtype.name]})({self.at(value.expr)});"])
         elif isinstance(value, ir.Ref):
@@ -193,7 +167,7 @@ class Renderer(VectorOps, c.Renderer):
                 out = self.buffer(value.dtype)
                 self.lane_loop([f"{out}[lane] = {value.name}[{self.at(value.index)}];"])
         elif isinstance(value, ir.Guard):
-            self.guard(value, out, names)
+            self.guard_tile(value, out, names)
         else:
             self.compute(value, out, names)
         names[id(value)] = out
@@ -210,11 +184,11 @@ class Renderer(VectorOps, c.Renderer):
             self.emit(f"__bang_write_value({self.spreads[key]}, lanes, ({CTYPE[dtype.name]}){text});")
         return self.spreads[key]
 
-    def load(self, value, out):
+    def load_tile(self, value, out):
         stored = self.kernel.params[value.param].dtype
         if stored != value.dtype:       # float16 or bfloat16 read as float32: moved, then converted
             moved = self.buffer(stored)
-            self.load(ir.Load(value.param, value.index, stored, value.valid), moved)
+            self.load_tile(ir.Load(value.param, value.index, stored, value.valid), moved)
             self.emit(f"__bang_{NAME[stored.name]}2{NAME[value.dtype.name]}({out}, {moved}, lanes);")
             return
         ctype, param = CTYPE[value.dtype.name], f"p{value.param}"
@@ -249,9 +223,9 @@ class Renderer(VectorOps, c.Renderer):
             self.depth -= 1
             self.emit("}")
 
-    def guard(self, value, out, names):
+    def guard_tile(self, value, out, names):
         inner = self.spread(self.lanes(value.value, names), value.dtype)
-        ctype, fill = CTYPE[value.dtype.name], c.scalar(value.fill, value.dtype)
+        ctype, fill = CTYPE[value.dtype.name], self.literal(value.fill, value.dtype)
         self.emit(f"__memcpy({out}, {inner}, lanes * sizeof({ctype}), NRAM2NRAM);")
         interval = self.interval(value.cond) if value.check is None else None
         if interval is not None:
@@ -266,31 +240,28 @@ class Renderer(VectorOps, c.Renderer):
         self.lane_loop([f"if ({outside}) {{ {out}[lane] = {fill};{fail} }}"])
 
     # ---- statements --------------------------------------------------------------------------
-    def statement(self, s):
+    def statement(self, s, names=None):
+        """A statement through the walker's dispatch, but stores and assignments (along a tile or
+        of one lane) by this backend's own."""
         names, self.spreads = {}, {}
-        if isinstance(s, ir.Loop):
-            if not _tileable(s):
-                self.emit(f"for (int64_t i{s.var} = 0; i{s.var} < {s.extent}; i{s.var}++) {{")
-                self.block(s.body)
-                self.emit("}")
-            else:
-                self.tiles(s, "0", "1")
-        elif isinstance(s, ir.Define):
-            self.accumulators[s.name] = s
-            if s.size is None:
-                self.emit(f"{CTYPE[s.dtype.name]} {s.name} = {c.scalar(s.init, s.dtype)};")
-            else:
-                self.nram.append((s.dtype, s.name, s.size))
-                if s.init is not None:
-                    self.emit(f"__bang_write_value({s.name}, {s.size}, {c.scalar(s.init, s.dtype)});")
-        elif isinstance(s, ir.Accumulate):
-            self.accumulate(s, names)
-        elif isinstance(s, ir.Assign):
-            self.assign(s, names)
-        elif isinstance(s, ir.Store):
-            self.store(s, names)
-        elif isinstance(s, ir.ScatterAccumulate):
-            self.scatter(s, names)
+        if isinstance(s, (ir.Store, ir.Assign)):
+            return (self.store if isinstance(s, ir.Store) else self.assign)(s, names)
+        return Walker.statement(self, s, names)
+
+    def loop(self, s, names):
+        if _tileable(s):
+            return self.tiles(s, "0", "1")
+        self.emit(f"for (int64_t i{s.var} = 0; i{s.var} < {s.extent}; i{s.var}++) {{")
+        self.block(s.body)
+        self.emit("}")
+
+    def define(self, s):
+        if s.size is None:
+            self.emit(f"{CTYPE[s.dtype.name]} {s.name} = {self.literal(s.init, s.dtype)};")
+            return
+        self.nram.append((s.dtype, s.name, s.size))
+        if s.init is not None:
+            self.emit(f"__bang_write_value({s.name}, {s.size}, {self.literal(s.init, s.dtype)});")
 
     def block(self, statements):
         self.depth += 1
@@ -314,7 +285,7 @@ class Renderer(VectorOps, c.Renderer):
         self.depth -= 1
         self.emit("}")
 
-    def accumulate(self, s, names):
+    def accumulation(self, s, names):
         define = self.accumulators[s.name]
         value, is_buffer = self.lanes(s.value, names)
         if self.var is None:
@@ -338,7 +309,7 @@ class Renderer(VectorOps, c.Renderer):
     def assign(self, s, names):
         ctype = CTYPE[self.accumulators[s.name].dtype.name]
         if self.var is None:
-            self.emit(f"{s.name}[{self.index(s.index)}] = {self.uniform(s.value, names)};")
+            self.emit(f"{s.name}[{self.index(s.index)}] = {self.value(s.value, names)};")
             return
         buffer = self.spread(self.lanes(s.value, names), s.value.dtype)
         if _affine(s.index, self.var) == 1:
@@ -353,7 +324,7 @@ class Renderer(VectorOps, c.Renderer):
         buffer = self.spread(self.lanes(s.value, names), param.dtype) if self.var is not None else None
         if buffer is None:
             slot = self.buffer(param.dtype, 1, "slot")
-            self.emit(f"{slot}[0] = {self.uniform(s.value, names)};")
+            self.emit(f"{slot}[0] = {self.value(s.value, names)};")
             self.emit(f"__memcpy(p{s.param} + {self.index(s.index)}, {slot}, sizeof({ctype}), NRAM2GDRAM);")
             return
         coef = _affine(s.index, self.var)
@@ -373,9 +344,8 @@ class Renderer(VectorOps, c.Renderer):
         # the value comes in float32 for float16 and bfloat16 memory (compiler/decompose.py): it
         # is rounded to the memory's type, and the scatter adds in float32 and rounds back
         if self.var is None:
-            value = self.uniform(s.value, names)
-            if s.value.dtype != param.dtype:
-                value = self.apply(ir.Apply("cast", (s.value,), param.dtype), [value])
+            value = self.value(s.value, names)
+            value = self.convert(value, s.value.dtype, param.dtype)
             buffer = self.buffer(param.dtype, 1, "slot")
             self.emit(f"{buffer}[0] = {value};")
         else:
@@ -462,16 +432,16 @@ class BangBackend(CompiledBackend):
     def __init__(self):
         with open(HEADER, "rb") as stream:
             header = hashlib.sha256(stream.read()).hexdigest()
-        identity = f"bang\n{header}\n{c.toolchain_identity()}"
+        identity = f"bang\n{header}\n{toolchain_identity()}"
         super().__init__(KernelCache(flags.CACHE_DIR, identity, ".bang.c", ".so"))
-        self.objects = c.SharedObjects()
-        c.probe_vector_math(self)
+        self.objects = SharedObjects()
+        probe_vector_math(self)
 
     def render(self, kernels):
         return render(kernels, vector_math=self.vector_math)
 
     def compile(self, source_path, binary_path):
-        c.compile_shared(source_path, binary_path, self.libraries, include=os.path.dirname(HEADER))
+        compile_shared(source_path, binary_path, self.libraries, include=os.path.dirname(HEADER))
 
     def open(self, path, name):
         return self.objects.open(path, name)

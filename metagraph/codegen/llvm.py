@@ -9,49 +9,35 @@ because a launch then costs microseconds and the team is the same one the C back
 Without libgomp the body function runs the whole range on the calling thread.
 
 The template (`templates/llvm.j2`) holds the module's structure: helpers, entry points, the
-OpenMP trampolines. `llvm_ops.py` holds each op's instructions; `Renderer` walks the IR.
+OpenMP trampolines. `llvm_ops.py` holds each op's instructions; the walk over the IR is
+codegen/walker.py's, and `Renderer` spells it as instructions.
 """
 import ctypes
 import ctypes.util
 import os
+import re
 
 import cffi
 
 from metagraph import dtypes, flags
-from metagraph.codegen.compiled import (CompileError, CompiledBackend, fused_product, launcher, template,
-                                        thread_groups)
-from metagraph.codegen.llvm_ops import FLOAT_SUFFIX, LTYPE, Ops, constant
+from metagraph.codegen.compiled import CompileError, CompiledBackend, launcher, template, thread_groups
+from metagraph.codegen.llvm_ops import COMBINE, FLOAT_SUFFIX, INDEX, LTYPE, OPS, Ops, constant
+from metagraph.codegen.walker import Walker, op_form
 from metagraph.compiler import ir
-from metagraph.compiler.simplify import value_range
-from metagraph.expr import Binary, Const, Extra, Select, Var
 from metagraph.runtime.cache import KernelCache
 
-INDEX_COMPARE = {"<": "slt", "<=": "sle", "==": "eq", "!=": "ne"}
-INDEX_ARITH = {"+": "add", "-": "sub", "*": "mul"}
+CALL = re.compile(r"call (\S+) @(llvm\.[\w.]+)\((.*)\)$")
 
 
-def _pure(expr):
-    """Whether evaluating an index expression where it is not needed is harmless: no reads of
-    index tensors (they may be out of bounds there) and no division that can report an error."""
-    if isinstance(expr, Extra):
-        return False
-    if isinstance(expr, Binary):
-        if expr.op in ("//", "%") and not isinstance(expr.b, Const):
-            return False
-        return _pure(expr.a) and _pure(expr.b)
-    if isinstance(expr, Select):
-        return _pure(expr.cond) and _pure(expr.a) and _pure(expr.b)
-    return True
+class Renderer(Ops, Walker):
+    """The walker's constructs as LLVM instructions: each value an SSA name, each op the
+    instructions of its table entry, reads that must not happen real branches."""
+    OPS, INDEX = OPS, INDEX
 
-
-class Renderer(Ops):
-    """Renders one kernel's IR to the instruction lines of its body functions."""
-
-    def __init__(self, kernel, module):
-        self.kernel, self.extents, self.module = kernel, kernel.extents, module
-        self.counter = 0
-        self.vars, self.accumulators = {}, {}
-        self.lines, self.allocas, self.block = [], [], "%entry"
+    def __init__(self, kernel, declarations):
+        super().__init__(kernel)
+        self.declarations, self.counter, self.vars = declarations, 0, {}
+        self.allocas, self.block, self.slots = [], "%entry", {}
 
     # ---- plumbing --------------------------------------------------------------------------
     def fresh(self, stem="t"):
@@ -64,215 +50,149 @@ class Renderer(Ops):
     def instruction(self, text, stem="t"):
         name = self.fresh(stem)
         self.emit(f"{name} = {text}")
+        call = CALL.match(text)
+        if call:        # an intrinsic: declared once per module
+            types = ", ".join(arg.split()[0] for arg in call[3].split(", "))
+            self.declarations[call[2]] = f"declare {call[1]} @{call[2]}({types})"
         return name
+
+    def form(self, template, *operands, **fields):
+        """A table entry's instructions; the name of the last one's result."""
+        results = {}
+        for part in template.split("; "):
+            results[f"r{len(results)}"] = self.instruction(part.format(*operands, **fields, **results))
+        return results[f"r{len(results) - 1}"]
 
     def label(self, name):
         self.lines.append(f"{name[1:]}:")
         self.block = name
 
+    def jump(self, cond, then, otherwise, join):
+        """Branch on cond to then() or otherwise() (each emitting its side), both on to `join`;
+        their results and the blocks they end in."""
+        yes, no = self.fresh("then"), self.fresh("else")
+        self.emit(f"br i1 {cond}, label {yes}, label {no}")
+        ends = []
+        for label, side in ((yes, then), (no, otherwise)):
+            self.label(label)
+            ends.append((side(), self.block))
+            self.emit(f"br label {join}")
+        self.label(join)
+        return ends
+
     def branch(self, cond, then, otherwise, type_):
         """`then()` where cond holds, else `otherwise()`: each computed only on its own side."""
-        yes, no, join = self.fresh("then"), self.fresh("else"), self.fresh("join")
-        self.emit(f"br i1 {cond}, label {yes}, label {no}")
-        self.label(yes)
-        a, a_end = then(), self.block
-        self.emit(f"br label {join}")
-        self.label(no)
-        b, b_end = otherwise(), self.block
-        self.emit(f"br label {join}")
-        self.label(join)
+        (a, a_end), (b, b_end) = self.jump(cond, then, otherwise, self.fresh("join"))
         return self.instruction(f"phi {type_} [ {a}, {a_end} ], [ {b}, {b_end} ]")
 
-    def call(self, type_, function, args):
-        self.module.declare(type_, function, args)
-        return self.instruction(f"call {type_} @{function}({', '.join(args)})")
+    # ---- index expressions and values ----------------------------------------------------------
+    def loop_variable(self, axis):
+        return self.vars[axis]
 
-    # ---- index expressions: int64 arithmetic, i1 conditions -------------------------------------
-    def index(self, expr):
-        """(operand, type) of an index expression; type is i64 or i1."""
-        if isinstance(expr, Var):
-            return self.vars[expr.axis], "i64"
-        if isinstance(expr, Const):
-            return str(expr.value), "i64"
-        if isinstance(expr, Select):
-            cond = self.as_bool(expr.cond)
-            if _pure(expr.a) and _pure(expr.b):
-                a, b = self.as_int(expr.a), self.as_int(expr.b)
-                return self.instruction(f"select i1 {cond}, i64 {a}, i64 {b}"), "i64"
-            return self.branch(cond, lambda: self.as_int(expr.a), lambda: self.as_int(expr.b), "i64"), "i64"
-        if isinstance(expr, Extra):
-            param = self.kernel.params[expr.index]
-            value = self.load(expr.index, param.dtype, self.as_int(ir.extra_offset(param, expr.args)))
-            return self.convert(value, param.dtype, dtypes.int64), "i64"
-        op = expr.op
-        if op in ("&&", "||"):
-            a = self.as_bool(expr.a)
-            if _pure(expr.b):
-                b = self.as_bool(expr.b)
-                return self.instruction(f"{'and' if op == '&&' else 'or'} i1 {a}, {b}"), "i1"
-            rest = lambda: self.as_bool(expr.b)        # noqa: E731 (short-circuit: b only when needed)
-            if op == "&&":
-                return self.branch(a, rest, lambda: "false", "i1"), "i1"
-            return self.branch(a, lambda: "true", rest, "i1"), "i1"
-        a, b = self.as_int(expr.a), self.as_int(expr.b)
-        if op in INDEX_ARITH:
-            return self.instruction(f"{INDEX_ARITH[op]} i64 {a}, {b}"), "i64"
-        if op in INDEX_COMPARE:
-            return self.instruction(f"icmp {INDEX_COMPARE[op]} i64 {a}, {b}"), "i1"
-        if op in ("min", "max"):
-            less = self.instruction(f"icmp {'slt' if op == 'min' else 'sgt'} i64 {a}, {b}")
-            return self.instruction(f"select i1 {less}, i64 {a}, i64 {b}"), "i64"
-        if isinstance(expr.b, Const) and expr.b.value > 0 and value_range(expr.a, self.extents)[0] >= 0:
-            return self.instruction(f"{'sdiv' if op == '//' else 'srem'} i64 {a}, {b}"), "i64"
-        low, high = value_range(expr.b, self.extents)
-        if low > 0 or high < 0:
-            return self.call("i64", "mg_floordiv" if op == "//" else "mg_floormod",
-                             [f"i64 {a}", f"i64 {b}"]), "i64"
-        return self.call("i64", "mg_index_div" if op == "//" else "mg_index_mod",
-                         [f"i64 {a}", f"i64 {b}", "ptr %err"]), "i64"
+    def integer(self, value):
+        return str(value)
 
-    def as_int(self, expr):
-        value, type_ = self.index(expr)
-        return self.instruction(f"zext i1 {value} to i64") if type_ == "i1" else value
+    def widen(self, text):
+        return self.instruction(f"zext i1 {text} to i64")
 
-    def as_bool(self, expr):
-        value, type_ = self.index(expr)
-        return self.instruction(f"icmp ne i64 {value}, 0") if type_ == "i64" else value
+    def truth(self, text):
+        return self.instruction(f"icmp ne i64 {text}, 0")
 
-    # ---- values ------------------------------------------------------------------------------
-    def address(self, param, dtype, offset):
-        """The address of element `offset` (an i64 operand) of kernel parameter `param`."""
+    def choose(self, cond, then, otherwise, dtype, lazy):
         type_ = LTYPE[dtype.name]
-        return self.instruction(f"getelementptr inbounds {type_}, ptr %p{param}, i64 {offset}", "a")
+        if lazy:
+            return self.branch(cond, then, otherwise, type_)
+        a, b = then(), otherwise()
+        return self.instruction(f"select i1 {cond}, {type_} {a}, {type_} {b}")
 
-    def load(self, param, dtype, offset):
-        return self.instruction(f"load {LTYPE[dtype.name]}, ptr {self.address(param, dtype, offset)}")
+    def short_circuit(self, op, a, rest):
+        if op == "&&":
+            return self.branch(a, rest, lambda: "false", "i1")
+        return self.branch(a, lambda: "true", rest, "i1")
 
-    def value(self, value, names):
-        """The operand holding a value; each distinct value is computed once per statement."""
-        if id(value) in names:
-            return names[id(value)]
-        if isinstance(value, ir.Scalar):
-            return constant(value.value, value.dtype)
-        if isinstance(value, ir.Ref):
-            address = self.slot(value.name, value.index)
-            result = self.instruction(f"load {LTYPE[value.dtype.name]}, ptr {address}")
-        elif isinstance(value, ir.IndexValue):
-            result = self.convert(self.as_int(value.expr), dtypes.int64, value.dtype, truncate_bool=True)
-        elif isinstance(value, ir.Load):
-            stored = self.kernel.params[value.param].dtype      # float16 or bfloat16 read as float32
+    def implies(self, valid, cond):
+        return self.branch(valid, cond, lambda: "true", "i1")
 
-            def read():
-                loaded = self.load(value.param, stored, self.as_int(value.index))
-                return self.convert(loaded, stored, value.dtype)
-            if value.valid is None:
-                result = read()
-            else:
-                result = self.branch(self.as_bool(value.valid), read, lambda: constant(0, value.dtype),
-                                     LTYPE[value.dtype.name])
-        elif isinstance(value, ir.Guard):
-            inner = self.value(value.value, names)
-            if value.valid is None:
-                cond = self.as_bool(value.cond)
-            else:   # where valid is false the value is unused and cond may read out of bounds
-                cond = self.branch(self.as_bool(value.valid), lambda: self.as_bool(value.cond),
-                                   lambda: "true", "i1")
-            if value.check:
-                failed, after = self.fresh("fail"), self.fresh("ok")
-                self.emit(f"br i1 {cond}, label {after}, label {failed}")
-                self.label(failed)
-                self.emit(f"store i64 {value.check}, ptr %err")
-                self.emit(f"br label {after}")
-                self.label(after)
-            type_ = LTYPE[value.dtype.name]
-            result = self.instruction(f"select i1 {cond}, {type_} {inner}, {type_} "
-                                      f"{constant(value.fill, value.dtype)}")
-        else:
-            args = [self.value(arg, names) for arg in value.args]
-            result = self.apply(value, args)
-        names[id(value)] = result
-        return result
+    def guarded(self, cond, inner, fill, check, dtype):
+        if check:
+            self.jump(cond, lambda: None, lambda: self.emit(f"store i64 {check}, ptr %err"), self.fresh("ok"))
+        type_ = LTYPE[dtype.name]
+        return self.instruction(f"select i1 {cond}, {type_} {inner}, {type_} {fill}")
 
-    # ---- statements --------------------------------------------------------------------------
+    literal = staticmethod(constant)
+
+    def address(self, param, index):
+        """The address of element `index` (an i64 operand) of kernel parameter `param`."""
+        type_ = LTYPE[self.params[param].dtype.name]
+        return self.instruction(f"getelementptr inbounds {type_}, ptr %p{param}, i64 {index}", "a")
+
+    def element(self, param, index):
+        type_ = LTYPE[self.params[param].dtype.name]
+        return self.instruction(f"load {type_}, ptr {self.address(param, index)}")
+
     def slot(self, name, index):
         """The address of an accumulator (of its element `index` when it is an array)."""
-        define, pointer = self.accumulators[name]
+        pointer, type_ = self.slots[name], LTYPE[self.accumulators[name].dtype.name]
         if index is None:
             return pointer
-        return self.instruction(f"getelementptr inbounds {LTYPE[define.dtype.name]}, ptr {pointer}, "
-                                f"i64 {self.as_int(index)}", "a")
+        return self.instruction(f"getelementptr inbounds {type_}, ptr {pointer}, i64 {index}", "a")
 
+    def read_accumulator(self, name, index):
+        type_ = LTYPE[self.accumulators[name].dtype.name]
+        return self.instruction(f"load {type_}, ptr {self.slot(name, index)}")
+
+    def index_value(self, index, dtype):
+        return self.convert(index, dtypes.int64, dtype, truncate_bool=True)
+
+    # ---- statements --------------------------------------------------------------------------
     def update(self, address, op, v, dtype):
         """memory[address] op= v, where memory holds `dtype` and v is of the dtype `dtype` is computed
         in (float16 and bfloat16 memory: float32 math, rounded back per update)."""
-        wide = dtypes.computed_in(dtype)
-        old = self.convert(self.instruction(f"load {LTYPE[dtype.name]}, ptr {address}"), dtype, wide)
-        new = self.convert(self.combine(old, op, v, wide), wide, dtype)
-        self.emit(f"store {LTYPE[dtype.name]} {new}, ptr {address}")
+        wide, type_ = dtypes.computed_in(dtype), LTYPE[dtype.name]
+        old = self.convert(self.instruction(f"load {type_}, ptr {address}"), dtype, wide)
+        new = self.form(op_form(COMBINE, op, wide), old, v, **self.fields(wide, wide))
+        self.emit(f"store {type_} {self.convert(new, wide, dtype)}, ptr {address}")
 
-    def statement(self, s, start="0", end=None):
-        names = {}
-        if isinstance(s, ir.Loop):
-            self.loop(s, start, end)
-        elif isinstance(s, ir.Define):
-            t = LTYPE[s.dtype.name]
-            pointer = self.fresh(s.name)
-            self.accumulators[s.name] = (s, pointer)
-            if s.size is None:
-                self.allocas.append(f"{pointer} = alloca {t}, align 8")
-                self.emit(f"store {t} {constant(s.init, s.dtype)}, ptr {pointer}")
-            else:
-                self.allocas.append(f"{pointer} = alloca [{s.size} x {t}], align 64")
-                element = ("init", s.name)
-                if s.init is not None:
-                    self.loop(ir.Loop(element, s.size, ir.VECTOR, []), body=lambda: self.emit(
-                        f"store {t} {constant(s.init, s.dtype)}, ptr {self.slot(s.name, Var(element))}"))
-        elif isinstance(s, ir.Accumulate):
-            define = self.accumulators[s.name][0]
-            product = fused_product(s, define.dtype)
-            if product is not None:
-                t = LTYPE[define.dtype.name]
-                a, b = (self.value(arg, names) for arg in product[:2])
-                address = self.slot(s.name, s.index)
-                old = self.instruction(f"load {t}, ptr {address}")
-                fma = self.call(t, f"llvm.fma.{FLOAT_SUFFIX[define.dtype.name]}",
-                                [f"{t} {a}", f"{t} {b}", f"{t} {old}"])
-                if product[2] is not None:
-                    fma = self.instruction(f"select i1 {self.as_bool(product[2])}, {t} {fma}, {t} {old}")
-                self.emit(f"store {t} {fma}, ptr {address}")
-            else:
-                v = self.convert(self.value(s.value, names), s.value.dtype, define.dtype)
-                self.update(self.slot(s.name, s.index), s.op, v, define.dtype)
-        elif isinstance(s, ir.Assign):
-            define = self.accumulators[s.name][0]
-            v = self.value(s.value, names)
-            self.emit(f"store {LTYPE[define.dtype.name]} {v}, ptr {self.slot(s.name, s.index)}")
-        elif isinstance(s, ir.Store):
-            param = self.kernel.params[s.param]
-            v = self.value(s.value, names)
-            address = self.address(s.param, param.dtype, self.as_int(s.index))
-            self.emit(f"store {LTYPE[param.dtype.name]} {v}, ptr {address}")
-        elif isinstance(s, ir.ScatterAccumulate):
-            param = self.kernel.params[s.param]
-            v = self.convert(self.value(s.value, names), s.value.dtype, dtypes.computed_in(param.dtype))
+    def define(self, s):
+        t, pointer = LTYPE[s.dtype.name], self.fresh(s.name)
+        self.slots[s.name] = pointer
+        if s.size is None:
+            self.allocas.append(f"{pointer} = alloca {t}, align 8")
+            self.emit(f"store {t} {constant(s.init, s.dtype)}, ptr {pointer}")
+            return
+        self.allocas.append(f"{pointer} = alloca [{s.size} x {t}], align 64")
+        element = ("init", s.name)
+        if s.init is not None:
+            self.loop(ir.Loop(element, s.size, ir.VECTOR, []), {}, body=lambda: self.emit(
+                f"store {t} {constant(s.init, s.dtype)}, ptr {self.slot(s.name, self.vars[element])}"))
 
-            def scatter():
-                self.update(self.address(s.param, param.dtype, self.as_int(s.index)), s.op, v, param.dtype)
-            if s.valid is None:
-                scatter()
-            else:
-                inside, outside, after = self.fresh("in"), self.fresh("out"), self.fresh("next")
-                self.emit(f"br i1 {self.as_bool(s.valid)}, label {inside}, label {outside}")
-                self.label(inside)
-                scatter()
-                self.emit(f"br label {after}")
-                self.label(outside)
-                if s.check:
-                    self.emit(f"store i64 {s.check}, ptr %err")
-                self.emit(f"br label {after}")
-                self.label(after)
+    def accumulate(self, define, index, op, v, dtype):
+        self.update(self.slot(define.name, index), op, self.convert(v, dtype, define.dtype), define.dtype)
 
-    def loop(self, s, start="0", end=None, body=None):
+    def fused(self, define, index, a, b, cond):
+        t, address = LTYPE[define.dtype.name], self.slot(define.name, index)
+        suffix, old = FLOAT_SUFFIX[define.dtype.name], self.instruction(f"load {t}, ptr {address}")
+        fma = self.instruction(f"call {t} @llvm.fma.{suffix}({t} {a}, {t} {b}, {t} {old})")
+        if cond is not None:
+            fma = self.instruction(f"select i1 {cond}, {t} {fma}, {t} {old}")
+        self.emit(f"store {t} {fma}, ptr {address}")
+
+    def write_accumulator(self, name, index, v):
+        self.emit(f"store {LTYPE[self.accumulators[name].dtype.name]} {v}, ptr {self.slot(name, index)}")
+
+    def write(self, param, index, v):
+        self.emit(f"store {LTYPE[self.params[param].dtype.name]} {v}, ptr {self.address(param, index)}")
+
+    def combine_memory(self, param, index, op, v, dtype):
+        self.update(self.address(param, index), op, v, self.params[param].dtype)
+
+    widened_update = combine_memory      # update() widens and rounds back itself
+
+    def when(self, cond, update, check):
+        fail = (lambda: self.emit(f"store i64 {check}, ptr %err")) if check else (lambda: None)
+        self.jump(cond, update, fail, self.fresh("next"))
+
+    def loop(self, s, names, start="0", end=None, body=None):
         """A counted loop; [start, end) when given (a thread's share), else [0, extent)."""
         if s.extent <= 0:
             return
@@ -302,31 +222,16 @@ class Renderer(Ops):
 
     def groups(self):
         """Top-level statements as body functions: each outer loop worth threads on its own."""
-        return [self.group([loop], loop.extent) if loop else self.group(statements, None)
-                for loop, statements in thread_groups(self.kernel.body)]
-
-    def group(self, statements, extent):
-        self.lines, self.allocas, self.block = [], [], "%entry"
-        for s in statements:
-            if extent is None:
-                self.statement(s)
+        groups = []
+        for loop, statements in thread_groups(self.kernel.body):
+            self.lines, self.allocas, self.block = [], [], "%entry"
+            if loop is None:
+                for s in statements:
+                    self.statement(s)
             else:
-                self.statement(s, "%start", "%end")
-        return {"extent": extent, "lines": self.lines, "allocas": self.allocas}
-
-
-class Module:
-    """What the kernels of one module share: the intrinsics they declare."""
-
-    def __init__(self):
-        # the template's float32 exp2 helper uses these two whether a kernel does or not
-        self.declarations = {"llvm.rint.f32": "declare float @llvm.rint.f32(float)",
-                             "llvm.fma.f32": "declare float @llvm.fma.f32(float, float, float)"}
-
-    def declare(self, type_, function, args):
-        if function.startswith("llvm."):
-            types = ", ".join(arg.split()[0] for arg in args)
-            self.declarations[function] = f"declare {type_} @{function}({types})"
+                self.loop(loop, {}, "%start", "%end")
+            groups.append({"extent": loop and loop.extent, "lines": self.lines, "allocas": self.allocas})
+        return groups
 
 
 _TEMPLATE = template("llvm.j2")
@@ -334,14 +239,16 @@ _TEMPLATE = template("llvm.j2")
 
 def render(kernels, openmp=True):
     """LLVM IR for a batch of kernels (openmp: outer loops run in an OpenMP team)."""
-    module, views = Module(), []
+    # the intrinsics the module declares; the template's float32 exp2 uses these two in any case
+    declarations, views = {"llvm.rint.f32": "declare float @llvm.rint.f32(float)",
+                           "llvm.fma.f32": "declare float @llvm.fma.f32(float, float, float)"}, []
     for kernel in kernels:
-        renderer = Renderer(kernel, module)
+        renderer = Renderer(kernel, declarations)
         params = [{"output": p.output, "shared": p.shared} for p in kernel.params]
         views.append({"name": kernel.name, "params": params,
                       "groups": renderer.groups()})
     return _TEMPLATE.render(kernels=views, names=[k.name for k in kernels], openmp=openmp,
-                            threads=flags.NUM_THREADS, declarations=sorted(module.declarations.values()))
+                            threads=flags.NUM_THREADS, declarations=sorted(declarations.values()))
 
 
 def _llvm():

@@ -1,9 +1,8 @@
-"""The LLVM backend's per-op table: each table op as LLVM instructions and intrinsics, with the
+"""The LLVM backend's op table: each table op as LLVM instructions and intrinsics, with the
 semantics the numpy oracle defines (NaN wins in max, floor division, wrapping integers, C's
-conversions). float16 and bfloat16 math arrives as float32 (compiler/decompose.py); bfloat16 is
-held as its bits (i16), converted here by shifts and rounding on the bits, as c_helpers.j2 does.
-`Ops` is mixed into the renderer, which provides `instruction` (emit one, return its name) and
-`call`.
+conversions), and its conversions. float16 and bfloat16 math arrives as float32
+(compiler/decompose.py); bfloat16 is held as its bits (i16), converted by llvm.j2's helpers.
+`Ops` is mixed into the renderer (a walker.Walker), which provides `instruction`.
 """
 import struct
 
@@ -13,24 +12,51 @@ from metagraph import dtypes
 
 LTYPE = {"bool": "i8", "uint8": "i8", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
          "float16": "half", "bfloat16": "i16", "float32": "float", "float64": "double"}
-# the per-op table: (op, kind) -> instruction; kind is f (float), i (signed), u (unsigned), b (bool)
-BINARY = {("add", "f"): "fadd", ("mul", "f"): "fmul",
-          ("add", "i"): "add", ("mul", "i"): "mul", ("add", "u"): "add", ("mul", "u"): "mul",
-          ("add", "b"): "or", ("mul", "b"): "and"}
-BITWISE = {"and": "and", "or": "or", "xor": "xor"}
-COMPARE = {("cmplt", "f"): "fcmp olt", ("cmplt", "i"): "icmp slt", ("cmplt", "u"): "icmp ult",
-           ("cmplt", "b"): "icmp ult", ("cmpne", "f"): "fcmp une", ("cmpne", "i"): "icmp ne",
-           ("cmpne", "u"): "icmp ne", ("cmpne", "b"): "icmp ne"}
-GREATER = {"f": "fcmp ogt", "i": "icmp sgt", "u": "icmp ugt", "b": "icmp ugt"}
-MATH = {"sqrt": "llvm.sqrt", "exp2": "llvm.exp2", "log2": "llvm.log2", "sin": "llvm.sin",
-        "cos": "llvm.cos", "pow": "llvm.pow"}
 FLOAT_SUFFIX = {"float16": "f16", "float32": "f32", "float64": "f64"}
-# accumulating may reorder (what `omp simd reduction` allows the C backend): it lets loops vectorise
-ACCUMULATE = {("add", "f"): "fadd reassoc", ("mul", "f"): "fmul reassoc"}
-
-
-def kind(dtype):
-    return "b" if dtype == dtypes.bool_ else dtype.kind
+COMPARE = {"cmplt": {"signed": "icmp slt", "unsigned": "icmp ult", "bool": "icmp ult", "float": "fcmp olt"},
+           "cmpne": {"signed": "icmp ne", "unsigned": "icmp ne", "bool": "icmp ne", "float": "fcmp une"}}
+GREATER = {"signed": "icmp sgt", "unsigned": "icmp ugt", "bool": "icmp ugt"}
+# the op table: meta-op (or (op, operand dtype or kind)) -> instructions, `;`-separated ({r0}: the
+# first one's result); {t} the operands' type, {rt} the result's, {s} the float suffix, {one} 1
+OPS = {
+    "neg": "sub {t} 0, {0}", ("neg", "float"): "fneg {t} {0}", "recip": "fdiv {t} {one}, {0}",
+    **{op: f"call {{t}} @llvm.{op}.{{s}}({{t}} {{0}})" for op in ("sqrt", "exp2", "log2", "sin", "cos")},
+    "pow": "call {t} @llvm.pow.{s}({t} {0}, {t} {1})",
+    ("exp2", "float32"): "call float @mg_exp2f(float {0})",     # llvm.j2's, inline: see docs/architecture.md
+    "add": "add {t} {0}, {1}", ("add", "float"): "fadd {t} {0}, {1}", ("add", "bool"): "or {t} {0}, {1}",
+    "mul": "mul {t} {0}, {1}", ("mul", "float"): "fmul {t} {0}, {1}", ("mul", "bool"): "and {t} {0}, {1}",
+    "and": "and {t} {0}, {1}", "or": "or {t} {0}, {1}", "xor": "xor {t} {0}, {1}",
+    **{(op, kind): f"{test} {{t}} {{0}}, {{1}}; zext i1 {{r0}} to i8"
+       for op, tests in COMPARE.items() for kind, test in tests.items()},
+    **{("max", kind): f"{test} {{t}} {{0}}, {{1}}; select i1 {{r0}}, {{t}} {{0}}, {{t}} {{1}}"
+       for kind, test in GREATER.items()},
+    ("max", "float"): "fcmp ogt {t} {0}, {1}; fcmp uno {t} {0}, {0}; or i1 {r1}, {r0}; "      # NaN wins
+                      "select i1 {r2}, {t} {0}, {t} {1}",
+    "where": "icmp ne i8 {0}, 0; select i1 {r0}, {rt} {1}, {rt} {2}",
+    # on int64 operands (Ops.apply widens them): a zero divisor reports the op's error site
+    "idiv": "call i64 @mg_idiv(i64 {0}, i64 {1}, ptr %err, i64 {site})",
+    "mod": "call i64 @mg_imod(i64 {0}, i64 {1}, ptr %err, i64 {site})",
+}
+# an accumulator's update; accumulating may reorder (what `omp simd reduction` allows the C
+# backend), and llvm.maximum keeps NaN: these vectorise as reductions
+COMBINE = {"add": "add {t} {0}, {1}", ("add", "float"): "fadd reassoc {t} {0}, {1}",
+           ("add", "bool"): "or {t} {0}, {1}", "mul": "mul {t} {0}, {1}",
+           ("mul", "float"): "fmul reassoc {t} {0}, {1}", ("mul", "bool"): "and {t} {0}, {1}",
+           "max": "call {t} @llvm.smax.{t}({t} {0}, {t} {1})",
+           ("max", "unsigned"): "call {t} @llvm.umax.{t}({t} {0}, {t} {1})",
+           ("max", "bool"): "call {t} @llvm.umax.{t}({t} {0}, {t} {1})",
+           ("max", "float"): "call {t} @llvm.maximum.{s}({t} {0}, {t} {1})"}
+# index ops: int64 arithmetic and i1 truth values; divisions by the walker's choice of form
+INDEX = {"+": "add i64 {0}, {1}", "-": "sub i64 {0}, {1}", "*": "mul i64 {0}, {1}",
+         "<": "icmp slt i64 {0}, {1}", "<=": "icmp sle i64 {0}, {1}", "==": "icmp eq i64 {0}, {1}",
+         "!=": "icmp ne i64 {0}, {1}", "&&": "and i1 {0}, {1}", "||": "or i1 {0}, {1}",
+         "min": "icmp slt i64 {0}, {1}; select i1 {r0}, i64 {0}, i64 {1}",
+         "max": "icmp sgt i64 {0}, {1}; select i1 {r0}, i64 {0}, i64 {1}",
+         ("//", "exact"): "sdiv i64 {0}, {1}", ("%", "exact"): "srem i64 {0}, {1}",
+         ("//", "floor"): "call i64 @mg_floordiv(i64 {0}, i64 {1})",
+         ("%", "floor"): "call i64 @mg_floormod(i64 {0}, i64 {1})",
+         ("//", "checked"): "call i64 @mg_index_div(i64 {0}, i64 {1}, ptr %err)",
+         ("%", "checked"): "call i64 @mg_index_mod(i64 {0}, i64 {1}, ptr %err)"}
 
 
 def constant(value, dtype):
@@ -50,52 +76,28 @@ def constant(value, dtype):
 class Ops:
     """Values of table ops, as instructions."""
 
+    def fields(self, source, dtype):
+        return {"t": LTYPE[source.name], "rt": LTYPE[dtype.name], "s": FLOAT_SUFFIX.get(dtype.name),
+                "one": constant(1, dtype)}
+
     def apply(self, value, args):
-        """One table op: the per-op table, with the semantics the numpy oracle defines."""
-        op, dtype = value.op, value.dtype
-        source = value.args[0].dtype if value.args else dtype
-        t, k = LTYPE[source.name], kind(source)
-        if op == "cast":
-            return self.convert(args[0], source, dtype)
-        if op == "neg":
-            return self.instruction(f"fneg {t} {args[0]}" if k == "f" else f"sub {t} 0, {args[0]}")
-        if op == "recip":
-            return self.instruction(f"fdiv {t} {constant(1, dtype)}, {args[0]}")
-        if op in MATH:
-            if (op, dtype) == ("exp2", dtypes.float32):
-                return self.instruction(f"call float @mg_exp2f(float {args[0]})")
-            return self.call(t, f"{MATH[op]}.{FLOAT_SUFFIX[dtype.name]}", [f"{t} {a}" for a in args])
-        if op == "max":
-            a, b = args
-            greater = self.instruction(f"{GREATER[k]} {t} {a}, {b}")
-            if k == "f":    # NaN wins
-                nan = self.instruction(f"fcmp uno {t} {a}, {a}")
-                greater = self.instruction(f"or i1 {nan}, {greater}")
-            return self.instruction(f"select i1 {greater}, {t} {a}, {t} {b}")
-        if op == "where":
-            cond = self.instruction(f"icmp ne i8 {args[0]}, 0")
-            t = LTYPE[dtype.name]
-            return self.instruction(f"select i1 {cond}, {t} {args[1]}, {t} {args[2]}")
-        if op in ("idiv", "mod"):
-            a, b = (self.convert(arg, source, dtypes.int64) for arg in args)
-            result = self.call("i64", "mg_idiv" if op == "idiv" else "mg_imod",
-                               [f"i64 {a}", f"i64 {b}", "ptr %err", f"i64 {value.site}"])
-            return self.convert(result, dtypes.int64, dtype, truncate_bool=True)
-        if op in ("cmplt", "cmpne"):
-            flag = self.instruction(f"{COMPARE[op, k]} {t} {args[0]}, {args[1]}")
-            return self.instruction(f"zext i1 {flag} to i8")
-        instruction = BITWISE.get(op) or BINARY[op, k]
-        return self.instruction(f"{instruction} {t} {args[0]}, {args[1]}")
+        """A table op; an integer division's operands widened to int64 and its result narrowed."""
+        if value.op not in ("idiv", "mod"):
+            return super().apply(value, args)
+        source = value.args[0].dtype
+        result = super().apply(value, [self.convert(arg, source, dtypes.int64) for arg in args])
+        return self.convert(result, dtypes.int64, value.dtype, truncate_bool=True)
 
     def convert(self, x, source, target, truncate_bool=False):
         """C's conversion from `source` to `target` (to bool: != 0, unless truncating an index)."""
         if source is target:
             return x
-        if source == dtypes.bfloat16:
-            wide = self.instruction(f"shl i32 {self.instruction(f'zext i16 {x} to i32')}, 16")
-            return self.convert(self.instruction(f"bitcast i32 {wide} to float"), dtypes.float32, target)
+        if source == dtypes.bfloat16:        # llvm.j2's helpers, as c_helpers.j2's
+            wide = self.instruction(f"call float @mg_bf16_to_f32(i16 {x})")
+            return self.convert(wide, dtypes.float32, target)
         if target == dtypes.bfloat16:
-            return self.narrow_bf16(self.convert(x, source, dtypes.float32))
+            wide = self.convert(x, source, dtypes.float32)
+            return self.instruction(f"call i16 @mg_f32_to_bf16(float {wide})")
         s, t = LTYPE[source.name], LTYPE[target.name]
         if target == dtypes.bool_ and not truncate_bool:
             test = f"fcmp une {s} {x}, 0.0" if source.is_float else f"icmp ne {s} {x}, 0"
@@ -116,21 +118,3 @@ class Ops:
         if target.itemsize > source.itemsize:
             return self.instruction(f"{'sext' if signed else 'zext'} {s} {x} to {t}")
         return self.instruction(f"trunc {s} {x} to {t}")
-
-    def narrow_bf16(self, x):
-        """A float32 rounded to bfloat16 bits: to nearest even, NaN as the quiet NaN 0x7fc0."""
-        bits = self.instruction(f"bitcast float {x} to i32")
-        odd = self.instruction(f"and i32 {self.instruction(f'lshr i32 {bits}, 16')}, 1")
-        rounded = self.instruction(f"add i32 {self.instruction(f'add i32 {bits}, 32767')}, {odd}")
-        narrow = self.instruction(f"trunc i32 {self.instruction(f'lshr i32 {rounded}, 16')} to i16")
-        nan = self.instruction(f"fcmp uno float {x}, 0.0")
-        return self.instruction(f"select i1 {nan}, i16 32704, i16 {narrow}")
-
-    def combine(self, old, op, v, dtype):
-        t, k = LTYPE[dtype.name], kind(dtype)
-        if op == "max":     # llvm.maximum: NaN wins, and stays; these vectorise as reductions
-            function = {"f": "llvm.maximum", "i": "llvm.smax"}.get(k, "llvm.umax")
-            suffix = FLOAT_SUFFIX[dtype.name] if k == "f" else t
-            return self.call(t, f"{function}.{suffix}", [f"{t} {old}", f"{t} {v}"])
-        instruction = ACCUMULATE.get((op, k)) or BINARY[op, k]
-        return self.instruction(f"{instruction} {t} {old}, {v}")

@@ -1,10 +1,10 @@
 """The `opencl` backend: kernel IR rendered to OpenCL C, built by the device's driver through
 pyopencl, run on the device's queue with the device's memory (runtime/opencl.py).
 
-What is OpenCL's own here is small: the op table (each meta-op's OpenCL C expression), float16
-loads and stores, how a kernel's loops become work-items, and build and launch. The walk over
-the IR (values, index arithmetic, statements) is the C renderer's, whose C the template's first
-lines make OpenCL C.
+What is OpenCL's own here is small: the op table (opencl_ops.py: the C backend's, with OpenCL's
+variants), float16 loads and stores, how a kernel's loops become work-items, and build and launch.
+The walk over the IR is codegen/walker.py's, spelt as C by the C renderer, whose C the template's
+first lines make OpenCL C.
 
 A kernel's top-level statements become phases, OpenCL kernels launched in order: each top-level
 parallel loop is one, its perfectly nested loops spread over work-items with it (one work-item
@@ -21,7 +21,7 @@ import numpy as np
 from metagraph import dtypes, flags
 from metagraph.codegen import c
 from metagraph.codegen.compiled import CompileError, CompiledBackend, template
-from metagraph.codegen.opencl_ops import expression
+from metagraph.codegen.opencl_ops import OPS, UNSIGNED, cast
 from metagraph.codegen.tuning import Tuner
 from metagraph.compiler import ir
 from metagraph.errors import Unsupported
@@ -31,72 +31,52 @@ from metagraph.runtime.cache import KernelCache
 HALF = dtypes.float16
 POINTER = dict(c.CTYPE, float16="half")     # float16 buffers are read by vload_half
 GROUP_MAX = 64          # work-items per work-group, at most
-LANES = 16              # partial sums of a reduction loop (Renderer.in_lanes): a power of two
+LANES = 16              # partial sums of a reduction loop (Renderer.loop): a power of two
 # the math rounds as IEEE's (division and sqrt included), no fast-math relaxations; no warnings
 # (clang's on generated code, `x && 1`, came back as Python warnings through pyopencl)
 BUILD_OPTIONS = ["-cl-std=CL1.2", "-cl-fp32-correctly-rounded-divide-sqrt", "-w"]
 
 
 class Renderer(c.Renderer):
-    """One kernel's IR as OpenCL C: the C renderer's walk, this module's op table, float16 through
-    vload_half/vstore_half_rte, no OpenMP pragmas."""
+    """One kernel's IR as OpenCL C: C's spelling of the walk with this backend's op table, float16
+    memory through vload_half/vstore_half_rte, float sums in lanes, no OpenMP pragmas."""
+    OPS = OPS
 
     def __init__(self, kernel):
         super().__init__(kernel)
         self.lanes = {}         # accumulator summed in lanes -> the loop variable that picks the lane
 
-    def apply(self, value, args):
-        return expression(value, args)
+    def fields(self, source, dtype):
+        return dict(super().fields(source, dtype), f="", unsigned=UNSIGNED.get(dtype.name))
 
-    def value(self, value, lines, names):
-        """A value as the C renderer writes it, but a load from a float16 buffer (read as float16 or
-        as float32: a float either way) by vload_half."""
-        half = isinstance(value, ir.Load) and self.kernel.params[value.param].dtype == HALF
-        if not half or id(value) in names:
-            return super().value(value, lines, names)
-        text = f"vload_half({self.index(value.index)}, p{value.param})"
-        if value.valid is not None:
-            text = f"({self.index(value.valid)} ? {text} : 0.0f)"
-        name = names[id(value)] = f"t{self.temporaries}"
-        self.temporaries += 1
-        lines.append(f"float {name} = {text};")
-        return name
+    def convert(self, x, source, target):
+        return cast(x, source, target, super().convert)
 
-    def statement(self, s, names=None):
-        names = {} if names is None else names
-        if isinstance(s, ir.Loop) and s.kind == ir.REDUCE:
-            return self.in_lanes(s, names)
-        lines = []
-        if isinstance(s, ir.Accumulate) and s.name in self.lanes:
-            v = self.value(s.value, lines, names)
-            lines.append(f"{s.name}_lane[{self.lanes[s.name]} & {LANES - 1}] += {v};")
-        elif isinstance(s, (ir.Store, ir.ScatterAccumulate)) and self.kernel.params[s.param].dtype == HALF:
-            lines.append(self.half_store(s, self.value(s.value, lines, names)))
-        else:
-            return super().statement(s, names)
-        return {"kind": "lines", "lines": lines}
+    def element(self, param, index):
+        if self.params[param].dtype == HALF:
+            return f"vload_half({index}, p{param})"
+        return super().element(param, index)
 
-    def half_store(self, s, v):
-        """A store or scatter into a float16 buffer: rounded once by vstore_half_rte."""
-        index, pointer = self.index(s.index), f"p{s.param}"
-        if isinstance(s, ir.Store):
-            return f"vstore_half_rte({v}, {index}, {pointer});"
-        combined = self.combine("mg_sum", s.op, v, s.value.dtype)
-        update = f"{{ float mg_sum = vload_half({index}, {pointer}); {combined} " \
-                 f"vstore_half_rte(mg_sum, {index}, {pointer}); }}"
-        fail = f" else {{ *err = {s.check}; }}" if s.check else ""
-        return update if s.valid is None else f"if ({self.index(s.valid)}) {update}{fail}"
+    def write(self, param, index, v):
+        if self.params[param].dtype == HALF:      # rounded once
+            return f"vstore_half_rte({v}, {index}, p{param});"
+        return super().write(param, index, v)
 
-    def in_lanes(self, loop, names):
-        """A reduction loop whose float sums add into LANES partial sums (the iteration modulo
-        LANES picks one), summed pairwise after it, as the C backend's vectorised sums are: the
-        blocks of compiler/cascade.py (1024 terms) keep a float32 sum within 2e-6 only so (one
-        running sum of 2^24 terms 0.1 was 1e-5 off)."""
-        sums = [] if loop.extent < 2 * LANES else list(dict.fromkeys(
+    def accumulate(self, define, index, op, v, dtype):
+        if define.name in self.lanes:
+            return f"{define.name}_lane[{self.lanes[define.name]} & {LANES - 1}] += {v};"
+        return super().accumulate(define, index, op, v, dtype)
+
+    def loop(self, loop, names):
+        """A loop as C's, but a reduction loop's float sums add into LANES partial sums (the
+        iteration modulo LANES picks one), summed pairwise after it, as the C backend's vectorised
+        sums are: the blocks of compiler/cascade.py (1024 terms) keep a float32 sum within 2e-6
+        only so (one running sum of 2^24 terms 0.1 was 1e-5 off)."""
+        sums = [] if loop.kind != ir.REDUCE or loop.extent < 2 * LANES else list(dict.fromkeys(
             s.name for s in loop.body if isinstance(s, ir.Accumulate) and s.index is None and s.op == "add"
             and self.accumulators[s.name].dtype.is_float))
         self.lanes.update((name, f"i{loop.var}") for name in sums)
-        rendered = super().statement(loop, names)
+        rendered = super().loop(loop, names)
         for name in sums:
             del self.lanes[name]
             partial = [f"{name}_lane[{lane}]" for lane in range(LANES)]

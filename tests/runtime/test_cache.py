@@ -159,7 +159,7 @@ def test_compile_error_names_the_source_the_log_and_the_users_line(tmp_path, mon
 def test_check_mode_catches_a_wrong_kernel(tmp_path, monkeypatch):
     monkeypatch.setattr(mg.flags, "CHECK", 1)
     monkeypatch.setattr(mg.flags, "CACHE_DIR", str(tmp_path))
-    monkeypatch.setitem(c.BINARY, "add", "({0} - {1})")  # a deliberately wrong backend
+    monkeypatch.setitem(c.OPS, "add", "({0} - {1})")  # a deliberately wrong backend
     needs("c")
     monkeypatch.setattr(mg.backend, "_active", c.CBackend())   # its kernels stay with this test
     with pytest.raises(mg.MetagraphError, match=r"METAGRAPH_CHECK: kernel e_3_\w+ gives .*source:"):
