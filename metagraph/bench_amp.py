@@ -8,14 +8,20 @@ A1c       matmul 2048^3 of bfloat16 operands: the contraction itself (the AVX-51
 A2        conv2d 3x3, (8, 64, 56, 56) -> 64 under autocast; GFLOP/s.
 A3a, A3b  ResNet-18 training step, SGD with momentum, forward and loss under autocast: batch 32 of
           32^2 images (W6's step, where weights, their gradients and the momentum outweigh the
-          activations) and batch 8 of 224^2 (where the activations dominate); images/s, and the
-          peak of the memory the step's kernels allocate (mg.profile).
+          activations) and batch 8 of 224^2 (where the activations dominate); images/s, the peak
+          of the memory the step's kernels allocate (mg.profile), and the peak resident memory
+          above the import of a fresh process training STEPS_IN_FRESH_PROCESS steps (VmHWM, as
+          row S3 measures it; the kernels are in the disk cache by then, and the step that times
+          tuning variants, which keeps their inputs, is among them unless METAGRAPH_TUNE=0).
 Each figure is a median of calls timed in alternation with the others of its row (metagraph.bench's
 median_seconds): a noisy neighbour slows all of them alike. bf16/f32 is metagraph's bfloat16
 figure over its float32 one; vs torch, metagraph's bfloat16 figure over PyTorch's autocast one.
 """
 import argparse
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 
@@ -104,14 +110,58 @@ def _resnet18_training(torch, batch, size):
     return fns, "images/s", batch
 
 
+SHAPES = {"A3a": (32, 32), "A3b": (8, 224)}      # the training rows' batch and image size
 WORKLOADS = {
     "A1a": ("matmul 1024^3, float32 operands, under autocast", matmul(1024)),
     "A1b": ("matmul 2048^3, float32 operands, under autocast", matmul(2048)),
     "A1c": ("matmul 2048^3, bfloat16 operands", matmul(2048, "bfloat16")),
     "A2": ("conv2d 3x3, (8,64,56,56) -> 64, under autocast", conv3x3),
-    "A3a": ("ResNet-18 training step, batch 32, 32^2, under autocast", resnet18_training(32, 32)),
-    "A3b": ("ResNet-18 training step, batch 8, 224^2, under autocast", resnet18_training(8, 224)),
+    "A3a": ("ResNet-18 training step, batch 32, 32^2, under autocast", resnet18_training(*SHAPES["A3a"])),
+    "A3b": ("ResNet-18 training step, batch 8, 224^2, under autocast", resnet18_training(*SHAPES["A3b"])),
 }
+
+
+STEPS_IN_FRESH_PROCESS = 5
+FRESH_PROCESS = """
+import json, sys
+import numpy as np
+import metagraph as mg
+import metagraph.nn.functional as F
+
+def peak_mib():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM")) / 1024
+
+batch, size, enabled, steps = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "bf16", int(sys.argv[4])
+base = peak_mib()
+model = mg.models.resnet18(num_classes=10)
+optimizer = mg.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+rng = np.random.default_rng(0)
+x = mg.tensor(rng.standard_normal((batch, 3, size, size), np.float32))
+y = mg.tensor(rng.integers(0, 10, batch))
+for _ in range(steps):
+    with mg.autocast(dtype=mg.bfloat16, enabled=enabled):
+        loss = F.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    loss.item()
+print(json.dumps(peak_mib() - base))
+"""
+
+
+def fresh_process_peak_mib(batch, size, precision):
+    """The peak resident memory above the import, in MiB, of a new process training ResNet-18
+    (`precision` "bf16": under autocast, "f32": without) for STEPS_IN_FRESH_PROCESS steps."""
+    environment = dict(os.environ, METAGRAPH_NUM_THREADS=str(mg.flags.NUM_THREADS),
+                       METAGRAPH_CACHE_DIR=mg.flags.CACHE_DIR)
+    command = [sys.executable, "-c", FRESH_PROCESS, str(batch), str(size), precision,
+               str(STEPS_IN_FRESH_PROCESS)]
+    for _ in range(2):        # the first stores the schedules the second loads (as a restarted script would)
+        done = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0:
+            raise RuntimeError(f"the fresh training process failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def peak_mib(step, calls=2):
@@ -136,6 +186,9 @@ def measure(key, title, make, torch, repeat):
     if key.startswith("A3"):
         row["peak_mib_bf16"] = peak_mib(fns["metagraph_bf16"])
         row["peak_mib_f32"] = peak_mib(fns["metagraph_f32"])
+        batch, size = SHAPES[key]
+        row["rss_mib_bf16"] = fresh_process_peak_mib(batch, size, "bf16")
+        row["rss_mib_f32"] = fresh_process_peak_mib(batch, size, "f32")
     return row
 
 
@@ -150,6 +203,8 @@ def describe(row):
         text += f"  vs torch bf16 {row['vs_torch_bf16']:.2f}"
     if "peak_mib_bf16" in row:
         text += f"  peak MiB bf16 {row['peak_mib_bf16']:.0f} f32 {row['peak_mib_f32']:.0f}"
+    if "rss_mib_bf16" in row:
+        text += f"  peak RSS MiB bf16 {row['rss_mib_bf16']:.0f} f32 {row['rss_mib_f32']:.0f}"
     return text
 
 
