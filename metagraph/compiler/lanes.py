@@ -123,6 +123,8 @@ def _lane_plan(define, chain, after, gain):
             isinstance(s, ir.Accumulate) and s.name == define.name and s.index is not None for s in leaves):
         return None
     row, extent = vector[0], reduction.extent
+    if extent < 2:          # nothing to spread over lanes (an empty reduction sums nothing)
+        return None
     width = min([row.extent] + [loop.extent for loop in loops_in(after) if loop.var == row.var])
     vector_lanes = VECTOR_BYTES // define.dtype.itemsize
     # vector instructions per accumulation over the reduction loop, now and split into n lanes that
