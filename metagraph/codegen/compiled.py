@@ -108,6 +108,7 @@ class Schedule:
     members: list = None     # per step, the graph positions its kernel computes (provenance.py)
     dead: list = None        # per step, the buffers no later step reads (executor.dead_after)
     donations: object = None     # runtime.donation.Plan
+    reads: tuple = None      # the realised positions the steps read (executor.external_reads)
 
     def origins(self, graph):
         """What each step computes for `graph` (a provenance.Origin per step): its ops and lines."""
@@ -303,6 +304,7 @@ class CompiledBackend:
             last = executor.last_uses(entry.steps)
             entry.dead = executor.dead_after(entry.steps, graph.outputs, last)
             entry.donations = donation.Plan(graph, entry.steps, last)
+            entry.reads = executor.external_reads(entry.steps, graph.outputs)
         # tuning reads its kernels' inputs after the run; checking reads every step's
         keep = frozenset() if seconds is None else self.tuner.inputs(entry.steps)
         report = profiler.current()
@@ -311,7 +313,7 @@ class CompiledBackend:
         buffers = executor.run(graph, entry.steps, entry.functions, entry.sources,
                                oracle=check_against_oracle if flags.CHECK else None, seconds=seconds,
                                explain=explain_failure, dead=None if flags.CHECK else entry.dead,
-                               donations=donations, keep=keep, memory=memory,
+                               donations=donations, keep=keep, memory=memory, reads=entry.reads,
                                origins=entry.origins(graph) if report is not None or flags.DEBUG else None)
         if seconds is not None:
             names = [step.name for step in entry.steps]

@@ -14,24 +14,38 @@ from collections import OrderedDict
 
 from metagraph.errors import MetagraphError, fail, user_location
 from metagraph.ops.node import GradMode, built_for_gradient, located
+from metagraph.ops.recorded import recorded_rule
 from metagraph.ops.table import TABLE
+
+# Rules replayed per signature (ops/recorded.py), all but those that build a node or two (add passes
+# its gradient on), whose key would cost more than they do, and copy's, which moves a value.
+_BUILT = frozenset({"add", "mul", "neg", "cast", "contiguous", "copy"})
+_RULES = {name: row.grad if name in _BUILT or row.grad is None else recorded_rule(row.grad, name)
+          for name, row in TABLE.items()}
 
 
 def _backward_order(outputs):
-    """Nodes that need a gradient, outputs first (iterative; stops at leaves)."""
-    order, seen, stack = [], set(), [(node, False) for node in outputs if node.requires_grad]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
+    """Nodes that need a gradient, outputs first: a depth-first walk (the last output and the last
+    input first; iterative, stops at leaves) in post-order, reversed. Each node is stacked once and
+    its inputs scanned again when the walk comes back to it, rather than stacked with a marker."""
+    order, seen = [], set()
+    for root in reversed(outputs):
+        if not root.requires_grad or root.id in seen:
             continue
-        if node.id in seen:
-            continue
-        seen.add(node.id)
-        stack.append((node, True))
-        if not node.leaf:
-            stack.extend((source, False) for source in node.inputs
-                         if source.requires_grad and source.id not in seen)
+        seen.add(root.id)
+        stack = [root]
+        while stack:
+            node = stack[-1]
+            if not node.leaf:
+                for source in reversed(node.inputs):
+                    if source.requires_grad and source.id not in seen:
+                        seen.add(source.id)
+                        stack.append(source)
+                        break
+                else:
+                    order.append(stack.pop())
+                continue
+            order.append(stack.pop())
     return order[::-1]
 
 
@@ -138,7 +152,7 @@ def _accumulated(order, outputs, output_grads):
 
 def _rule(node, grad):
     """The gradients of node's inputs, as nodes that record `<node's composite>_backward`."""
-    rule = TABLE[node.op].grad
+    rule = _RULES[node.op]
     if rule is None:
         raise MetagraphError(f"internal: {node.op} has no gradient but requires grad")
     return built_for_gradient(node, rule, grad)

@@ -8,8 +8,8 @@ promotion and the shape checks again (they passed for this signature). A softmax
 4096x1024 tensor builds its graph in a quarter of the time warm, half with cold caches.
 
 A composite is only recorded when replaying it is provably the same as calling it: every node it
-built was built during the call, from its arguments, from shared constants or from each other,
-and none holds a value. A call that reads anything else (a buffer, a node it did not receive)
+built was built during the call, from its arguments, from constants or from each other, and none
+holds a value. A call that reads anything else (a buffer, a node it did not receive)
 is called again every time.
 """
 import functools
@@ -53,6 +53,42 @@ def recorded(composite):
     return call
 
 
+def recorded_rule(rule, name):
+    """`rule(grad, y, *inputs)`, the gradient rule of table row `name`, recorded and replayed as a
+    composite is. Its nodes follow from y's signature (its op and attributes: a reindex's map), the
+    incoming gradient's (a rule may look at how the gradient was made: `table._shifted_scatter`),
+    the shapes, dtypes and requires_grad flags of all of them, and grad mode. A rule that reads a
+    node it was not given (the scatter inside that gradient) is called every time, as `_record`
+    says. ResNet-18's backward pass runs 650 rules a step; building the views' gradients (inverse
+    maps, index checks) was most of its Python time."""
+    @functools.wraps(rule)
+    def call(grad, y, *inputs):
+        nodes = [grad]
+        described = [(grad.requires_grad,)]        # (its shape and dtype are in its signature)
+        for node in (y,) + inputs:                  # _describe's for nodes, flat
+            for k, seen in enumerate(nodes):
+                if seen is node:
+                    described.append(k)
+                    break
+            else:
+                nodes.append(node)
+                described.append((node.shape, node.dtype, node.requires_grad))
+        key = (rule, y.signature or signature(y), grad.signature or signature(grad), *described,
+               GradMode.enabled, AutocastMode.dtype)
+        template = _TEMPLATES.get(key)
+        if template is _CALL:
+            return rule(grad, y, *inputs)
+        if template is not None:
+            return template.replay(nodes)
+        start = fresh_id()
+        result = rule(grad, y, *inputs)
+        if len(_TEMPLATES) >= TEMPLATE_CACHE_SIZE:
+            _TEMPLATES.pop(next(iter(_TEMPLATES)))
+        _TEMPLATES[key] = _record(result, nodes, start, name)
+        return result
+    return call
+
+
 def _describe(value, nodes):
     """A hashable description of an argument. Node arguments are appended to `nodes` and
     described by shape, dtype and requires_grad, or by the position of an earlier argument that
@@ -81,8 +117,8 @@ def _describe(value, nodes):
 
 class Template:
     """The nodes one call of composite `name` built, in creation order, each reading earlier
-    slots: the call's node arguments first, then the shared constants it read, then the nodes
-    built before it."""
+    slots: the call's node arguments first, then the constants it read, then the nodes built
+    before it."""
 
     def __init__(self, steps, constants, result, name):
         self.steps = steps            # (op, attrs, shape, dtype, requires_grad, leaf, signature, inputs),
@@ -118,12 +154,14 @@ def _record(result, arguments, start, name):
         node = stack.pop()
         if id(node) in slot or node.id in built:
             continue
-        if node.id < start:           # not built by this call
-            if node.op != "const" or node.inputs:
-                return _CALL
+        # a constant, even one made in this call (most are the shared constants of math.const,
+        # which later calls and other code read too: a replay reads the same node, as they do)
+        if node.op == "const" and not node.inputs:
             slot[id(node)] = len(arguments) + len(constants)
             constants.append(node)
             continue
+        if node.id < start:           # not built by this call
+            return _CALL
         if node.buffer is not None:   # a value: a replay would not recompute it
             return _CALL
         built[node.id] = node

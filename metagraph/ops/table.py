@@ -15,7 +15,7 @@ from metagraph import dtypes
 from metagraph.errors import DTypeError, MetagraphError, ShapeError, at, user_location
 from metagraph.expr import (Binary, Const, Select, Var, check_int64, extras_used, linear_terms, reshape_map,
                            variables)
-from metagraph.ops.node import Node
+from metagraph.ops.node import Node, signature
 
 SOURCE, ELEMENTWISE, REDUCE, VIEW, SCATTER, NOT_MATH = (
     "source", "elementwise", "reduce", "view", "scatter", "not-math")
@@ -83,6 +83,7 @@ def _dtype_rule(accept, what, result=None):
         if dtype not in accepted:
             raise DTypeError(f"expects {what} operands, got {dtype.name}")
         return result or dtype
+    rule.accepted, rule.result = accepted, result      # (what math.elementwise checks inline)
     return rule
 
 
@@ -232,7 +233,7 @@ def reindex_grad(g, y, x, *extras):
     checked read's scatter is checked too: the gradient may run without the forward value, and an
     index out of range must raise there as well, not drop its gradient."""
     index_map, checked = y.attrs["index_map"], y.attrs["checked"]
-    inverse = None if extras or checked else inverse_view(g, x.shape, y.shape, index_map)
+    inverse = None if extras or checked else inverse_view(g, x.shape, y)
     if inverse is not None:
         return (inverse,)
     scatter = apply("reindex_reduce", g, *extras, op="add", shape=x.shape, index_map=index_map,
@@ -240,13 +241,47 @@ def reindex_grad(g, y, x, *extras):
     return (scatter,) + (None,) * len(extras)
 
 
-def inverse_view(g, x_shape, y_shape, index_map):
-    """The gradient of reindex(x, y_shape, index_map) as a sum over broadcast dimensions and a
-    gather, when every input dimension reads `a*i_v + b` of its own loop variable i_v (a
-    permutation, slice, flip, pad or broadcast), or when the map is a reshape; else None."""
+_MISSING = object()
+_INVERSES = {}          # (a view's signature, its input's shape) -> _inverse(...) of them
+_SHIFTED = {}           # (a scatter's signature, its input's shape, that key) -> its shifted map
+INVERSE_CACHE_SIZE = 4096
+
+
+def _cached(table, key, make):
+    """table[key], made by make() the first time (the tables are bounded, oldest dropped first)."""
+    found = table.get(key, _MISSING)
+    if found is _MISSING:
+        if len(table) >= INVERSE_CACHE_SIZE:
+            table.pop(next(iter(table)))
+        found = table[key] = make()
+    return found
+
+
+def inverse_view(g, x_shape, y):
+    """The gradient g of y = reindex(x, y_shape, index_map) as a sum over broadcast dimensions and
+    a gather, when every input dimension reads `a*i_v + b` of its own loop variable i_v (a
+    permutation, slice, flip, pad or broadcast), or when the map is a reshape; else None. The
+    analysis of the map is made once per view signature (linear_terms over every expression
+    was most of a ResNet backward pass's rules; their other nodes are replayed: recorded_rule)."""
+    key = (y.signature or signature(y), x_shape)
+    found = _cached(_INVERSES, key, lambda: _inverse(x_shape, y.shape, y.attrs["index_map"]))
+    if found is None:
+        return None
+    unused, inverse, shifts = found
+    if unused == "reshape":
+        return apply("reindex", g, shape=x_shape, index_map=inverse, fill=0, checked=False)
+    if unused:
+        g = apply("reduce", g, op="add", axes=unused, keepdim=False)
+    return _shifted_scatter(g, x_shape, shifts, key) or \
+        apply("reindex", g, shape=x_shape, index_map=inverse, fill=0, checked=False)
+
+
+def _inverse(x_shape, y_shape, index_map):
+    """(axes of y to sum, the map that reads the sum back at x's positions, each dimension's shift
+    when that map is a pure shift (else None)) for inverse_view, ("reshape", the map back, None)
+    for a reshape, or None."""
     if math.prod(x_shape) == math.prod(y_shape) and index_map == reshape_map(x_shape, y_shape):
-        return apply("reindex", g, shape=x_shape, index_map=reshape_map(y_shape, x_shape), fill=0,
-                     checked=False)
+        return ("reshape", reshape_map(y_shape, x_shape), None)
     placed, fixed = {}, []
     for d, expr in enumerate(index_map):
         terms, const = linear_terms(expr)
@@ -263,8 +298,6 @@ def inverse_view(g, x_shape, y_shape, index_map):
     if fixed and not placed:
         return None
     unused = tuple(v for v in range(len(y_shape)) if v not in placed)
-    if unused:
-        g = apply("reduce", g, op="add", axes=unused, keepdim=False)
     inverse = []
     for v in sorted(placed):
         d, scale, const = placed[v]
@@ -277,25 +310,33 @@ def inverse_view(g, x_shape, y_shape, index_map):
             inverse.append(Select(Binary("==", offset % scale, Const(0)), offset // scale, Const(-1)))
     for d, c in fixed:      # an input dimension read at one index gets gradient only there
         inverse[0] = Select(Binary("==", Var(d), Const(c)), inverse[0], Const(-1))
-    return _shifted_scatter(g, x_shape, inverse) or \
-        apply("reindex", g, shape=x_shape, index_map=tuple(inverse), fill=0, checked=False)
+    shifts = []
+    for d, expr in enumerate(inverse):
+        terms, const = linear_terms(expr)
+        if terms != {Var(d): 1}:
+            shifts = None
+            break
+        shifts.append(const)
+    return unused, tuple(inverse), shifts
 
 
-def _shifted_scatter(g, shape, index_map):
+def _shifted_scatter(g, shape, shifts, key):
     """A scatter-add read back at a shifted sub-box (a padded view's gradient, after the gradient
     of the window that read it) as the same scatter shifted straight into the sub-box: a conv's
     input gradient is then summed over the input's shape, not its padded copy's (4x4, not 6x6).
-    None unless g is such a scatter and the map a pure shift."""
-    if g.op != "reindex_reduce" or g.attrs["op"] != "add" or g.attrs["checked"] or len(g.inputs) > 1:
+    None unless g is such a scatter and the map back a pure shift (`shifts`, from _inverse, whose
+    cache `key` names it)."""
+    if shifts is None or g.op != "reindex_reduce" or g.attrs["op"] != "add" or g.attrs["checked"] or \
+            len(g.inputs) > 1:
         return None
-    shifts = []
-    for d, expr in enumerate(index_map):
-        terms, const = linear_terms(expr)
-        if terms != {Var(d): 1}:
-            return None
-        shifts.append(const)
-    return apply("reindex_reduce", g.inputs[0], op="add", shape=tuple(shape), checked=False,
-                 index_map=tuple(e - c if c else e for e, c in zip(g.attrs["index_map"], shifts)))
+    source = g.inputs[0]
+
+    def shifted():      # checked by apply once per signature; later nodes are built as it built them
+        index_map = tuple(e - c if c else e for e, c in zip(g.attrs["index_map"], shifts))
+        return apply("reindex_reduce", source, op="add", shape=tuple(shape), checked=False,
+                     index_map=index_map).attrs
+    attrs = _cached(_SHIFTED, (g.signature or signature(g), source.shape, source.dtype, key), shifted)
+    return Node("reindex_reduce", (source,), dict(attrs), attrs["shape"], source.dtype)
 
 
 def reindex_reduce_grad(g, y, x, *extras):

@@ -60,6 +60,7 @@ class Plan:
         outputs = set(graph.outputs)
         self.donors = [[k for k in step.in_place if last.get(k) == i and k not in outputs]
                        if not step.sites else [] for i, step in enumerate(steps)]
+        self.any = any(self.donors)          # (else a run needs no Donations)
         self.readers, self.slots = {}, {}
         _count_reads(graph, (k for k, node in enumerate(graph.nodes) if node.buffer is None),
                      self.readers, self.slots)

@@ -7,6 +7,7 @@ import numpy as np
 from metagraph import flags
 from metagraph.errors import MetagraphError, OutOfMemory, at
 from metagraph.ops.node import reported_op
+from metagraph.ops.scalars import Realisations
 from metagraph.runtime import donation, profiler
 from metagraph.runtime.pool import Pool
 
@@ -45,10 +46,11 @@ class HostMemory:
 class HostErrors:
     """The error word of a run in host memory: a kernel that fails a check sets it (to the check's
     number, or -1 for a zero divisor in an index); read after each launch."""
-    __slots__ = ("word",)
+    __slots__ = ("word", "view")
 
     def __init__(self):
         self.word = np.zeros(1, np.int64)
+        self.view = memoryview(self.word)       # reads the word as an int without a numpy scalar
 
     def at(self, step):
         """What step `step`'s kernel is given."""
@@ -56,7 +58,7 @@ class HostErrors:
 
     def site(self):
         """The check the last launch failed, or 0."""
-        return int(self.word[0])
+        return self.view[0]
 
     @staticmethod
     def failure():
@@ -77,6 +79,14 @@ def last_uses(steps):
     return last
 
 
+def external_reads(steps, outputs):
+    """The positions that the steps read, or that are `outputs`, and none of the steps computes: the
+    realised values a run starts from and returns (the graph's other realised nodes need not be
+    looked up)."""
+    computed = {step.positions[0] for step in steps}
+    return tuple(sorted({k for step in steps for k in step.positions[1:]}.union(outputs) - computed))
+
+
 def dead_after(steps, outputs, last=None):
     """For each step, the positions it is the last to read (or computes and nothing reads) among
     those the steps compute and that are not outputs: their buffers can go back to the pool once
@@ -92,7 +102,7 @@ def dead_after(steps, outputs, last=None):
 
 
 def run(graph, steps, functions, sources, oracle=None, seconds=None, explain=None, origins=None,
-        dead=None, donations=None, keep=frozenset(), memory=HOST):
+        dead=None, donations=None, keep=frozenset(), memory=HOST, reads=None):
     """Launch every step; returns every array computed or read, by graph position (and appends
     each launch's time to `seconds`, a list, when given). When a kernel reports a failed check,
     `explain(graph, step, buffers)` may raise the error with more detail than the kernel gives
@@ -100,23 +110,38 @@ def run(graph, steps, functions, sources, oracle=None, seconds=None, explain=Non
     the profile and METAGRAPH_DEBUG name. `dead` (from dead_after): buffers dropped after each
     step, unless their node requires grad (realize keeps those); not returned. `donations` (a
     donation.Plan): inputs whose buffers steps may write their outputs over. Neither touches the
-    positions in `keep` (what tuning will read). `memory` (HostMemory's methods) holds the buffers."""
-    buffers = {k: memory.resident(node) for k, node in enumerate(graph.nodes) if node.buffer is not None}
+    positions in `keep` (what tuning will read). `memory` (HostMemory's methods) holds the buffers.
+    `reads` (external_reads(steps), when the caller keeps it): the realised positions to look up.
+    Written for the common case, a run nobody times (a training step launches hundreds of kernels)."""
+    Realisations.count += 1         # (a scalar given again after this is an iteration's: ops/scalars.py)
+    nodes = graph.nodes
+    if reads is None:
+        buffers = {k: memory.resident(node) for k, node in enumerate(nodes) if node.buffer is not None}
+    elif memory is HOST:
+        buffers = {k: nodes[k].buffer for k in reads}
+    else:
+        buffers = {k: memory.resident(nodes[k]) for k in reads}
     report = profiler.current()
+    timed = seconds is not None or report is not None or flags.DEBUG
     errors = memory.errors()
-    donating = None if donations is None else donation.Donations(graph, donations, POOL, SLACK_BYTES, keep)
-    finished = 0
+    donating = None
+    if donations is not None and donations.any:
+        donating = donation.Donations(graph, donations, POOL, SLACK_BYTES, keep)
+    allocate, elapsed, finished = memory.allocate, 0.0, 0
     try:
         for k, (step, function, source) in enumerate(zip(steps, functions, sources)):
-            node = graph.nodes[step.positions[0]]
+            positions = step.positions
+            node = nodes[positions[0]]
             given = donating.donor(k, buffers) if donating is not None and donations.donors[k] else None
             fresh = given is None
-            out = memory.allocate(node) if fresh else buffers[given]
-            buffers[step.positions[0]] = out
-            start = time.perf_counter()
+            out = allocate(node) if fresh else buffers[given]
+            buffers[positions[0]] = out
+            if timed:
+                start = time.perf_counter()
             if out.size:
-                function([buffers[position] for position in step.positions], errors.at(k))
-            elapsed = time.perf_counter() - start
+                function([buffers[position] for position in positions], errors.at(k))
+            if timed:
+                elapsed = time.perf_counter() - start
             if not fresh:
                 del buffers[given]
             if seconds is not None:
@@ -134,7 +159,7 @@ def run(graph, steps, functions, sources, oracle=None, seconds=None, explain=Non
                 oracle(graph, step, buffers, source)
             finished = k + 1
             for position in dead[k] if dead is not None else ():
-                if not graph.nodes[position].requires_grad and position not in keep:
+                if not nodes[position].requires_grad and position not in keep:
                     dropped = buffers.pop(position)
                     if report is not None:
                         report.free(dropped.nbytes)
