@@ -2,20 +2,17 @@
 loop and SLP vectorisers, the host CPU's features), object code cached on disk and loaded into an
 in-process MCJIT.
 
-Parallel outer loops: each kernel's outer parallel loop is a body function over [start, end);
-the kernel calls it through the OpenMP runtime (GOMP_parallel, libgomp loaded into the process),
-one contiguous block of iterations per thread. The OpenMP runtime was chosen over Python threads
-because a launch then costs microseconds and the team is the same one the C backend's kernels use.
-Without libgomp the body function runs the whole range on the calling thread.
-
-The template (`templates/llvm.j2`) holds the module's structure: helpers, entry points, the
-OpenMP trampolines. `llvm_ops.py` holds each op's instructions; the walk over the IR is
-codegen/walker.py's, and `Renderer` spells it as instructions.
+The walk over the IR is codegen/walker.py's: `Renderer` spells values as SSA instructions
+(`llvm_ops.py`: each op's) and hands `templates/llvm.j2` the structure, which spells it: counted
+loops, the blocks around what is computed only where a condition holds, the module's helpers and
+intrinsics, entry points and OpenMP trampolines. Each outer parallel loop is a body function over
+[start, end) that each thread of an OpenMP team runs a contiguous block of (GOMP_parallel, libgomp
+loaded into the process: a launch costs microseconds, and the team is the C backend's kernels');
+without libgomp it runs the whole range on the calling thread.
 """
 import ctypes
 import ctypes.util
 import os
-import re
 
 import cffi
 
@@ -24,22 +21,22 @@ from metagraph.codegen.compiled import CompileError, CompiledBackend, launcher, 
 from metagraph.codegen.llvm_ops import COMBINE, FLOAT_SUFFIX, INDEX, LTYPE, OPS, Ops, constant
 from metagraph.codegen.walker import Walker, op_form
 from metagraph.compiler import ir
+from metagraph.expr import Var
 from metagraph.runtime.cache import KernelCache
 
-CALL = re.compile(r"call (\S+) @(llvm\.[\w.]+)\((.*)\)$")
+_TEMPLATE = template("llvm.j2")
 
 
 class Renderer(Ops, Walker):
     """The walker's constructs as LLVM instructions: each value an SSA name, each op the
-    instructions of its table entry, reads that must not happen real branches."""
+    instructions of its table entry, reads that must not happen behind real branches."""
     OPS, INDEX = OPS, INDEX
 
-    def __init__(self, kernel, declarations):
+    def __init__(self, kernel):
         super().__init__(kernel)
-        self.declarations, self.counter, self.vars = declarations, 0, {}
-        self.allocas, self.block, self.slots = [], "%entry", {}
+        self.counter, self.vars, self.slots, self.allocas, self.block = 0, {}, {}, [], "%entry"
 
-    # ---- plumbing --------------------------------------------------------------------------
+    # ---- plumbing: names, instructions, blocks -------------------------------------------------
     def fresh(self, stem="t"):
         self.counter += 1
         return f"%{stem}{self.counter}"
@@ -50,10 +47,6 @@ class Renderer(Ops, Walker):
     def instruction(self, text, stem="t"):
         name = self.fresh(stem)
         self.emit(f"{name} = {text}")
-        call = CALL.match(text)
-        if call:        # an intrinsic: declared once per module
-            types = ", ".join(arg.split()[0] for arg in call[3].split(", "))
-            self.declarations[call[2]] = f"declare {call[1]} @{call[2]}({types})"
         return name
 
     def form(self, template, *operands, **fields):
@@ -63,27 +56,52 @@ class Renderer(Ops, Walker):
             results[f"r{len(results)}"] = self.instruction(part.format(*operands, **fields, **results))
         return results[f"r{len(results) - 1}"]
 
-    def label(self, name):
-        self.lines.append(f"{name[1:]}:")
-        self.block = name
+    def apart(self, label, emit):
+        """The lines emit() writes from block `label` on, its result and the block it ends in."""
+        outer, self.lines, self.block = self.lines, [], label
+        result = emit()
+        lines, self.lines = self.lines, outer
+        return lines, result, self.block
 
-    def jump(self, cond, then, otherwise, join):
-        """Branch on cond to then() or otherwise() (each emitting its side), both on to `join`;
-        their results and the blocks they end in."""
-        yes, no = self.fresh("then"), self.fresh("else")
-        self.emit(f"br i1 {cond}, label {yes}, label {no}")
-        ends = []
-        for label, side in ((yes, then), (no, otherwise)):
-            self.label(label)
-            ends.append((side(), self.block))
-            self.emit(f"br label {join}")
-        self.label(join)
-        return ends
+    def jump(self, cond, then, otherwise, join, merge=None):
+        """Branch on cond to then() or otherwise() (each emitting its side), both on to `join`; with
+        `merge` (a type), the name of the value of the side taken (a phi of their results)."""
+        sides = [(self.fresh("then"), then), (self.fresh("else"), otherwise)]
+        sides = [(label, *self.apart(label, side)) for label, side in sides]
+        node = {"kind": "jump", "cond": cond, "sides": sides, "join": join, "type": merge,
+                "merge": merge and self.fresh()}
+        self.lines.append(node)
+        self.block = join
+        return node["merge"]
 
     def branch(self, cond, then, otherwise, type_):
         """`then()` where cond holds, else `otherwise()`: each computed only on its own side."""
-        (a, a_end), (b, b_end) = self.jump(cond, then, otherwise, self.fresh("join"))
-        return self.instruction(f"phi {type_} [ {a}, {a_end} ], [ {b}, {b_end} ]")
+        return self.jump(cond, then, otherwise, self.fresh("join"), type_)
+
+    def address(self, target, index):
+        """(address, dtype) of element `index` (an i64 operand) of kernel parameter `target` (its
+        number) or accumulator `target` (its name; index None: a scalar one)."""
+        if isinstance(target, int):
+            base, dtype = f"%p{target}", self.params[target].dtype
+        else:
+            base, dtype = self.slots[target], self.accumulators[target].dtype
+        if index is None:
+            return base, dtype
+        type_ = LTYPE[dtype.name]
+        return self.instruction(f"getelementptr inbounds {type_}, ptr {base}, i64 {index}", "a"), dtype
+
+    def read(self, target, index):
+        """A parameter's or an accumulator's element."""
+        address, dtype = self.address(target, index)
+        return self.instruction(f"load {LTYPE[dtype.name]}, ptr {address}")
+
+    def store(self, target, index, v):
+        """A parameter's or an accumulator's element set to v."""
+        address, dtype = self.address(target, index)
+        self.emit(f"store {LTYPE[dtype.name]} {v}, ptr {address}")
+
+    element = read_accumulator = read
+    write = write_accumulator = store
 
     # ---- index expressions and values ----------------------------------------------------------
     def loop_variable(self, axis):
@@ -115,39 +133,21 @@ class Renderer(Ops, Walker):
 
     def guarded(self, cond, inner, fill, check, dtype):
         if check:
-            self.jump(cond, lambda: None, lambda: self.emit(f"store i64 {check}, ptr %err"), self.fresh("ok"))
+            self.when(cond, lambda: None, check, "ok")
         type_ = LTYPE[dtype.name]
         return self.instruction(f"select i1 {cond}, {type_} {inner}, {type_} {fill}")
 
     literal = staticmethod(constant)
 
-    def address(self, param, index):
-        """The address of element `index` (an i64 operand) of kernel parameter `param`."""
-        type_ = LTYPE[self.params[param].dtype.name]
-        return self.instruction(f"getelementptr inbounds {type_}, ptr %p{param}, i64 {index}", "a")
-
-    def element(self, param, index):
-        type_ = LTYPE[self.params[param].dtype.name]
-        return self.instruction(f"load {type_}, ptr {self.address(param, index)}")
-
-    def slot(self, name, index):
-        """The address of an accumulator (of its element `index` when it is an array)."""
-        pointer, type_ = self.slots[name], LTYPE[self.accumulators[name].dtype.name]
-        if index is None:
-            return pointer
-        return self.instruction(f"getelementptr inbounds {type_}, ptr {pointer}, i64 {index}", "a")
-
-    def read_accumulator(self, name, index):
-        type_ = LTYPE[self.accumulators[name].dtype.name]
-        return self.instruction(f"load {type_}, ptr {self.slot(name, index)}")
-
     def index_value(self, index, dtype):
-        return self.convert(index, dtypes.int64, dtype, truncate_bool=True)
+        """Truncated, to bool too (its type is uint8's)."""
+        return self.convert(index, dtypes.int64, dtypes.uint8 if dtype == dtypes.bool_ else dtype)
 
     # ---- statements --------------------------------------------------------------------------
-    def update(self, address, op, v, dtype):
-        """memory[address] op= v, where memory holds `dtype` and v is of the dtype `dtype` is computed
-        in (float16 and bfloat16 memory: float32 math, rounded back per update)."""
+    def update(self, target, index, op, v):
+        """A parameter's or an accumulator's element op= v, where v is of the dtype the memory's is
+        computed in (float16 and bfloat16 memory: float32 math, rounded back per update)."""
+        address, dtype = self.address(target, index)
         wide, type_ = dtypes.computed_in(dtype), LTYPE[dtype.name]
         old = self.convert(self.instruction(f"load {type_}, ptr {address}"), dtype, wide)
         new = self.form(op_form(COMBINE, op, wide), old, v, **self.fields(wide, wide))
@@ -161,64 +161,49 @@ class Renderer(Ops, Walker):
             self.emit(f"store {t} {constant(s.init, s.dtype)}, ptr {pointer}")
             return
         self.allocas.append(f"{pointer} = alloca [{s.size} x {t}], align 64")
-        element = ("init", s.name)
-        if s.init is not None:
-            self.loop(ir.Loop(element, s.size, ir.VECTOR, []), {}, body=lambda: self.emit(
-                f"store {t} {constant(s.init, s.dtype)}, ptr {self.slot(s.name, self.vars[element])}"))
+        if s.init is not None:          # each element assigned its initial value
+            element = Var(("init", s.name))
+            fill = ir.Assign(s.name, element, ir.Scalar(s.init, s.dtype))
+            self.loop(ir.Loop(element.axis, s.size, ir.VECTOR, [fill]), {})
 
     def accumulate(self, define, index, op, v, dtype):
-        self.update(self.slot(define.name, index), op, self.convert(v, dtype, define.dtype), define.dtype)
+        self.update(define.name, index, op, self.convert(v, dtype, define.dtype))
 
     def fused(self, define, index, a, b, cond):
-        t, address = LTYPE[define.dtype.name], self.slot(define.name, index)
+        (address, _), t = self.address(define.name, index), LTYPE[define.dtype.name]
         suffix, old = FLOAT_SUFFIX[define.dtype.name], self.instruction(f"load {t}, ptr {address}")
         fma = self.instruction(f"call {t} @llvm.fma.{suffix}({t} {a}, {t} {b}, {t} {old})")
         if cond is not None:
             fma = self.instruction(f"select i1 {cond}, {t} {fma}, {t} {old}")
         self.emit(f"store {t} {fma}, ptr {address}")
 
-    def write_accumulator(self, name, index, v):
-        self.emit(f"store {LTYPE[self.accumulators[name].dtype.name]} {v}, ptr {self.slot(name, index)}")
-
-    def write(self, param, index, v):
-        self.emit(f"store {LTYPE[self.params[param].dtype.name]} {v}, ptr {self.address(param, index)}")
-
     def combine_memory(self, param, index, op, v, dtype):
-        self.update(self.address(param, index), op, v, self.params[param].dtype)
+        self.update(param, index, op, v)
 
     widened_update = combine_memory      # update() widens and rounds back itself
 
-    def when(self, cond, update, check):
+    def when(self, cond, update, check, join="next"):
         fail = (lambda: self.emit(f"store i64 {check}, ptr %err")) if check else (lambda: None)
-        self.jump(cond, update, fail, self.fresh("next"))
+        self.jump(cond, update, fail, self.fresh(join))
 
-    def loop(self, s, names, start="0", end=None, body=None):
-        """A counted loop; [start, end) when given (a thread's share), else [0, extent)."""
+    def loop(self, s, names, start="0", end=None):
+        """A counted loop over [start, end) (a thread's share) when `end` is given, else over
+        [0, extent)."""
         if s.extent <= 0:
             return
         var = self.fresh(f"i{s.var}." if isinstance(s.var, int) else "q")
-        head, latch, done = self.fresh("loop"), self.fresh("latch"), self.fresh("done")
-        before = self.block
-        if end is None:
-            end = str(s.extent)
-            self.emit(f"br label {head}")
-        else:
-            self.emit(f"br i1 {self.instruction(f'icmp slt i64 {start}, {end}')}, label {head}, label {done}")
-        self.label(head)
-        self.emit(f"{var} = phi i64 [ {start}, {before} ], [ {var}.next, {latch} ]")
-        saved = self.vars.get(s.var)
-        self.vars[s.var] = var
-        if body is not None:
-            body()
-        for statement in s.body:
-            self.statement(statement)
-        self.emit(f"br label {latch}")
-        self.label(latch)
-        self.emit(f"{var}.next = add nuw nsw i64 {var}, 1")
-        more = self.instruction(f"icmp slt i64 {var}.next, {end}")
-        self.emit(f"br i1 {more}, label {head}, label {done}")
-        self.label(done)
-        self.vars[s.var] = saved
+        node = {"kind": "loop", "var": var, "start": start, "end": end or str(s.extent), "before": self.block,
+                "head": self.fresh("loop"), "latch": self.fresh("latch"), "done": self.fresh("done"),
+                "enter": end and self.instruction(f"icmp slt i64 {start}, {end}")}
+        saved, self.vars[s.var] = self.vars.get(s.var), var
+        node["body"] = self.apart(node["head"], lambda: self.each(s.body))[0]
+        node["more"] = self.fresh()
+        self.lines.append(node)
+        self.vars[s.var], self.block = saved, node["done"]
+
+    def each(self, statements):
+        for s in statements:
+            self.statement(s)
 
     def groups(self):
         """Top-level statements as body functions: each outer loop worth threads on its own."""
@@ -226,37 +211,20 @@ class Renderer(Ops, Walker):
         for loop, statements in thread_groups(self.kernel.body):
             self.lines, self.allocas, self.block = [], [], "%entry"
             if loop is None:
-                for s in statements:
-                    self.statement(s)
+                self.each(statements)
             else:
                 self.loop(loop, {}, "%start", "%end")
             groups.append({"extent": loop and loop.extent, "lines": self.lines, "allocas": self.allocas})
         return groups
 
 
-_TEMPLATE = template("llvm.j2")
-
-
 def render(kernels, openmp=True):
     """LLVM IR for a batch of kernels (openmp: outer loops run in an OpenMP team)."""
-    # the intrinsics the module declares; the template's float32 exp2 uses these two in any case
-    declarations, views = {"llvm.rint.f32": "declare float @llvm.rint.f32(float)",
-                           "llvm.fma.f32": "declare float @llvm.fma.f32(float, float, float)"}, []
-    for kernel in kernels:
-        renderer = Renderer(kernel, declarations)
-        params = [{"output": p.output, "shared": p.shared} for p in kernel.params]
-        views.append({"name": kernel.name, "params": params,
-                      "groups": renderer.groups()})
+    views = [{"name": kernel.name, "groups": Renderer(kernel).groups(),
+              "params": [{"output": p.output, "shared": p.shared} for p in kernel.params]}
+             for kernel in kernels]
     return _TEMPLATE.render(kernels=views, names=[k.name for k in kernels], openmp=openmp,
-                            threads=flags.NUM_THREADS, declarations=sorted(declarations.values()))
-
-
-def _llvm():
-    """llvmlite's binding with the native target initialised (an ImportError names the problem)."""
-    import llvmlite.binding as llvm
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    return llvm
+                            threads=flags.NUM_THREADS)
 
 
 class LLVMBackend(CompiledBackend):
@@ -273,10 +241,12 @@ class LLVMBackend(CompiledBackend):
 
     def __init__(self):
         try:
-            llvm = _llvm()
+            import llvmlite.binding as llvm
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
         except (ImportError, OSError, RuntimeError) as error:
             raise CompileError(f"llvmlite is unusable: {error}") from None
-        self.llvm = llvm
+        self.llvm, self.ffi, self.engines = llvm, cffi.FFI(), {}    # engines: object file -> its MCJIT
         self.openmp = self._load_library("gomp")
         # float16 conversions LLVM leaves to the compiler runtime (float64 -> half, which its
         # optimiser also forms from float32 math rounded to half): unresolved, they were calls to 0
@@ -285,8 +255,6 @@ class LLVMBackend(CompiledBackend):
         identity = "\n".join(["llvm", str(llvm.llvm_version_info), self.machine.triple,
                               llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(), "O3"])
         super().__init__(KernelCache(flags.CACHE_DIR, identity, ".ll", ".o"))
-        self.ffi = cffi.FFI()
-        self.engines = {}        # object file -> the MCJIT engine that loaded it
 
     def _target_machine(self):
         llvm = self.llvm

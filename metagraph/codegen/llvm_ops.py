@@ -1,6 +1,5 @@
-"""The LLVM backend's op table: each table op as LLVM instructions and intrinsics, with the
-semantics the numpy oracle defines (NaN wins in max, floor division, wrapping integers, C's
-conversions), and its conversions. float16 and bfloat16 math arrives as float32
+"""The llvm backend's per-op tables: each table op, index op and accumulation as LLVM instructions,
+its literals and conversions. float16 and bfloat16 math arrives as float32
 (compiler/decompose.py); bfloat16 is held as its bits (i16), converted by llvm.j2's helpers.
 `Ops` is mixed into the renderer (a walker.Walker), which provides `instruction`.
 """
@@ -16,6 +15,8 @@ FLOAT_SUFFIX = {"float16": "f16", "float32": "f32", "float64": "f64"}
 COMPARE = {"cmplt": {"signed": "icmp slt", "unsigned": "icmp ult", "bool": "icmp ult", "float": "fcmp olt"},
            "cmpne": {"signed": "icmp ne", "unsigned": "icmp ne", "bool": "icmp ne", "float": "fcmp une"}}
 GREATER = {"signed": "icmp sgt", "unsigned": "icmp ugt", "bool": "icmp ugt"}
+DIVISION = {"idiv": "mg_idiv", "mod": "mg_imod"}
+WIDEN = {"uint8": "zext", "int8": "sext", "int16": "sext", "int32": "sext"}     # to int64
 # the op table: meta-op (or (op, operand dtype or kind)) -> instructions, `;`-separated ({r0}: the
 # first one's result); {t} the operands' type, {rt} the result's, {s} the float suffix, {one} 1
 OPS = {
@@ -33,9 +34,13 @@ OPS = {
     ("max", "float"): "fcmp ogt {t} {0}, {1}; fcmp uno {t} {0}, {0}; or i1 {r1}, {r0}; "      # NaN wins
                       "select i1 {r2}, {t} {0}, {t} {1}",
     "where": "icmp ne i8 {0}, 0; select i1 {r0}, {rt} {1}, {rt} {2}",
-    # on int64 operands (Ops.apply widens them): a zero divisor reports the op's error site
-    "idiv": "call i64 @mg_idiv(i64 {0}, i64 {1}, ptr %err, i64 {site})",
-    "mod": "call i64 @mg_imod(i64 {0}, i64 {1}, ptr %err, i64 {site})",
+    # integer division in int64 (llvm.j2's helpers): a zero divisor reports the op's error site
+    **{(op, "int64"): f"call i64 @{helper}(i64 {{0}}, i64 {{1}}, ptr %err, i64 {{site}})"
+       for op, helper in DIVISION.items()},
+    **{(op, name): f"{ext} {{t}} {{0}} to i64; {ext} {{t}} {{1}} to i64; "
+                   f"call i64 @{helper}(i64 {{r0}}, i64 {{r1}}, ptr %err, i64 {{site}}); "
+                   "trunc i64 {r2} to {t}"
+       for op, helper in DIVISION.items() for name, ext in WIDEN.items()},
 }
 # an accumulator's update; accumulating may reorder (what `omp simd reduction` allows the C
 # backend), and llvm.maximum keeps NaN: these vectorise as reductions
@@ -57,8 +62,6 @@ INDEX = {"+": "add i64 {0}, {1}", "-": "sub i64 {0}, {1}", "*": "mul i64 {0}, {1
          ("%", "floor"): "call i64 @mg_floormod(i64 {0}, i64 {1})",
          ("//", "checked"): "call i64 @mg_index_div(i64 {0}, i64 {1}, ptr %err)",
          ("%", "checked"): "call i64 @mg_index_mod(i64 {0}, i64 {1}, ptr %err)"}
-
-
 def constant(value, dtype):
     """An LLVM literal of `dtype` (floats as the hex of the double holding the rounded value)."""
     if dtype == dtypes.bfloat16:
@@ -80,16 +83,8 @@ class Ops:
         return {"t": LTYPE[source.name], "rt": LTYPE[dtype.name], "s": FLOAT_SUFFIX.get(dtype.name),
                 "one": constant(1, dtype)}
 
-    def apply(self, value, args):
-        """A table op; an integer division's operands widened to int64 and its result narrowed."""
-        if value.op not in ("idiv", "mod"):
-            return super().apply(value, args)
-        source = value.args[0].dtype
-        result = super().apply(value, [self.convert(arg, source, dtypes.int64) for arg in args])
-        return self.convert(result, dtypes.int64, value.dtype, truncate_bool=True)
-
-    def convert(self, x, source, target, truncate_bool=False):
-        """C's conversion from `source` to `target` (to bool: != 0, unless truncating an index)."""
+    def convert(self, x, source, target):
+        """C's conversion from `source` to `target` (to bool: != 0)."""
         if source is target:
             return x
         if source == dtypes.bfloat16:        # llvm.j2's helpers, as c_helpers.j2's
@@ -99,7 +94,7 @@ class Ops:
             wide = self.convert(x, source, dtypes.float32)
             return self.instruction(f"call i16 @mg_f32_to_bf16(float {wide})")
         s, t = LTYPE[source.name], LTYPE[target.name]
-        if target == dtypes.bool_ and not truncate_bool:
+        if target == dtypes.bool_:
             test = f"fcmp une {s} {x}, 0.0" if source.is_float else f"icmp ne {s} {x}, 0"
             return self.instruction(f"zext i1 {self.instruction(test)} to i8")
         if source.is_float and target.is_float:
@@ -107,14 +102,12 @@ class Ops:
             return self.instruction(f"{change} {s} {x} to {t}")
         if source.is_float:      # x86's conversion: through int32 for the narrow types
             if target.itemsize < 4:
-                wide = self.instruction(f"fptosi {s} {x} to i32")
-                return self.instruction(f"trunc i32 {wide} to {t}")
+                return self.instruction(f"trunc i32 {self.instruction(f'fptosi {s} {x} to i32')} to {t}")
             return self.instruction(f"fptosi {s} {x} to {t}")
         signed = source.kind == "i"
         if target.is_float:
             return self.instruction(f"{'sitofp' if signed else 'uitofp'} {s} {x} to {t}")
         if target.itemsize == source.itemsize:
             return x
-        if target.itemsize > source.itemsize:
-            return self.instruction(f"{'sext' if signed else 'zext'} {s} {x} to {t}")
-        return self.instruction(f"trunc {s} {x} to {t}")
+        widen = "sext" if signed else "zext"
+        return self.instruction(f"{widen if target.itemsize > source.itemsize else 'trunc'} {s} {x} to {t}")

@@ -32,36 +32,32 @@ __mlu_entry__ static void r_2x4x6x6_17753bab_entry(char **args, int64_t *err) {
                                 for (int64_t i3 = 0; i3 < 6; i3 += TILE) {
                                     const int64_t lanes = MG_MIN(TILE, 6 - i3);
                                     __bang_write_zero(nram2, lanes);
-                                    { const int64_t lo = MG_MAX(0, mg_floordiv(((0 - ((i3 + i6) - 1)) - 1), 1) + 1), hi = MG_MIN((((((i2 + i5) - 1) - 6)) < 0 ? ((((0 - ((i2 + i5) - 1)) - 1)) < 0 ? lanes : 0) : 0), mg_floordiv(-((((i3 + i6) - 1) - 6)) - 1, 1) + 1);
-                                        if (hi > lo)
-                                        __memcpy(nram2 + lo, p1 + ((((((((i0 * 108) + (i2 * 6)) + i3) + (i4 * 36)) + (i5 * 6)) + i6) - 7)) + 1 * lo, (hi - lo) * sizeof(float), GDRAM2NRAM);
+                                    { const int64_t lo = ((0) > ((((i3 * -1) - i6) + 1)) ? (0) : ((((i3 * -1) - i6) + 1))), hi = MG_MAX(lo, ((((((i2 + i5) - 7) < 0) ? ((((i2 * -1) - i5) < 0) ? lanes : 0) : 0)) < ((((i3 * -1) - i6) + 7)) ? (((((i2 + i5) - 7) < 0) ? ((((i2 * -1) - i5) < 0) ? lanes : 0) : 0)) : ((((i3 * -1) - i6) + 7))));
+                                        if (hi > lo) __memcpy(nram2 + lo, p1 + ((((((((i0 * 108) + (i2 * 6)) + i3) + (i4 * 36)) + (i5 * 6)) + i6) - 7)) + 1 * lo, (hi - lo) * sizeof(float), GDRAM2NRAM);
                                     }
                                     __memcpy(slot3, p2 + ((((i1 * 108) + (i4 * 9)) + (i5 * 3)) + i6), sizeof(float), GDRAM2NRAM);
                                     float t0 = slot3[0];
                                     __bang_mul_scalar(nram1, nram2, t0, lanes);
                                     __bang_add(acc + i3, acc + i3, nram1, lanes);
                                     __bang_write_zero(nram5, lanes);
-                                    { const int64_t lo = MG_MAX(0, mg_floordiv(((0 - ((i3 + i6) - 1)) - 1), 1) + 1), hi = MG_MIN((((((i2 + i5) - 1) - 6)) < 0 ? ((((0 - ((i2 + i5) - 1)) - 1)) < 0 ? lanes : 0) : 0), mg_floordiv(-((((i3 + i6) - 1) - 6)) - 1, 1) + 1);
-                                        if (hi > lo)
-                                        __memcpy(nram5 + lo, p1 + ((((((((i0 * 108) + (i2 * 6)) + i3) + (i4 * 36)) + (i5 * 6)) + i6) - 7)) + 1 * lo, (hi - lo) * sizeof(float), GDRAM2NRAM);
+                                    { const int64_t lo = ((0) > ((((i3 * -1) - i6) + 1)) ? (0) : ((((i3 * -1) - i6) + 1))), hi = MG_MAX(lo, ((((((i2 + i5) - 7) < 0) ? ((((i2 * -1) - i5) < 0) ? lanes : 0) : 0)) < ((((i3 * -1) - i6) + 7)) ? (((((i2 + i5) - 7) < 0) ? ((((i2 * -1) - i5) < 0) ? lanes : 0) : 0)) : ((((i3 * -1) - i6) + 7))));
+                                        if (hi > lo) __memcpy(nram5 + lo, p1 + ((((((((i0 * 108) + (i2 * 6)) + i3) + (i4 * 36)) + (i5 * 6)) + i6) - 7)) + 1 * lo, (hi - lo) * sizeof(float), GDRAM2NRAM);
                                     }
                                     __memcpy(slot6, p2 + (((((i1 * 108) + (i4 * 9)) + (i5 * 3)) + i6) + 27), sizeof(float), GDRAM2NRAM);
                                     float t1 = slot6[0];
                                     __bang_mul_scalar(nram4, nram5, t1, lanes);
                                     __bang_add(acc + (i3 + 6), acc + (i3 + 6), nram4, lanes);
                                     __bang_write_zero(nram8, lanes);
-                                    { const int64_t lo = MG_MAX(0, mg_floordiv(((0 - ((i3 + i6) - 1)) - 1), 1) + 1), hi = MG_MIN((((((i2 + i5) - 1) - 6)) < 0 ? ((((0 - ((i2 + i5) - 1)) - 1)) < 0 ? lanes : 0) : 0), mg_floordiv(-((((i3 + i6) - 1) - 6)) - 1, 1) + 1);
-                                        if (hi > lo)
-                                        __memcpy(nram8 + lo, p1 + ((((((((i0 * 108) + (i2 * 6)) + i3) + (i4 * 36)) + (i5 * 6)) + i6) - 7)) + 1 * lo, (hi - lo) * sizeof(float), GDRAM2NRAM);
+                                    { const int64_t lo = ((0) > ((((i3 * -1) - i6) + 1)) ? (0) : ((((i3 * -1) - i6) + 1))), hi = MG_MAX(lo, ((((((i2 + i5) - 7) < 0) ? ((((i2 * -1) - i5) < 0) ? lanes : 0) : 0)) < ((((i3 * -1) - i6) + 7)) ? (((((i2 + i5) - 7) < 0) ? ((((i2 * -1) - i5) < 0) ? lanes : 0) : 0)) : ((((i3 * -1) - i6) + 7))));
+                                        if (hi > lo) __memcpy(nram8 + lo, p1 + ((((((((i0 * 108) + (i2 * 6)) + i3) + (i4 * 36)) + (i5 * 6)) + i6) - 7)) + 1 * lo, (hi - lo) * sizeof(float), GDRAM2NRAM);
                                     }
                                     __memcpy(slot9, p2 + (((((i1 * 108) + (i4 * 9)) + (i5 * 3)) + i6) + 54), sizeof(float), GDRAM2NRAM);
                                     float t2 = slot9[0];
                                     __bang_mul_scalar(nram7, nram8, t2, lanes);
                                     __bang_add(acc + (i3 + 12), acc + (i3 + 12), nram7, lanes);
                                     __bang_write_zero(nram11, lanes);
-                                    { const int64_t lo = MG_MAX(0, mg_floordiv(((0 - ((i3 + i6) - 1)) - 1), 1) + 1), hi = MG_MIN((((((i2 + i5) - 1) - 6)) < 0 ? ((((0 - ((i2 + i5) - 1)) - 1)) < 0 ? lanes : 0) : 0), mg_floordiv(-((((i3 + i6) - 1) - 6)) - 1, 1) + 1);
-                                        if (hi > lo)
-                                        __memcpy(nram11 + lo, p1 + ((((((((i0 * 108) + (i2 * 6)) + i3) + (i4 * 36)) + (i5 * 6)) + i6) - 7)) + 1 * lo, (hi - lo) * sizeof(float), GDRAM2NRAM);
+                                    { const int64_t lo = ((0) > ((((i3 * -1) - i6) + 1)) ? (0) : ((((i3 * -1) - i6) + 1))), hi = MG_MAX(lo, ((((((i2 + i5) - 7) < 0) ? ((((i2 * -1) - i5) < 0) ? lanes : 0) : 0)) < ((((i3 * -1) - i6) + 7)) ? (((((i2 + i5) - 7) < 0) ? ((((i2 * -1) - i5) < 0) ? lanes : 0) : 0)) : ((((i3 * -1) - i6) + 7))));
+                                        if (hi > lo) __memcpy(nram11 + lo, p1 + ((((((((i0 * 108) + (i2 * 6)) + i3) + (i4 * 36)) + (i5 * 6)) + i6) - 7)) + 1 * lo, (hi - lo) * sizeof(float), GDRAM2NRAM);
                                     }
                                     __memcpy(slot12, p2 + (((((i1 * 108) + (i4 * 9)) + (i5 * 3)) + i6) + 81), sizeof(float), GDRAM2NRAM);
                                     float t3 = slot12[0];
