@@ -4,6 +4,7 @@ through cffi (codegen/toolchain.py: one shared object per batch of new kernels, 
 The walk over the IR is codegen/walker.py's; here are the op table (each meta-op's C expression),
 C's spelling of values and statements (which the opencl and bang backends reuse), the loop
 pragmas and vectorisation aids, and `templates/c.j2` holds the structure (loops, signatures).
+The c backend's own renderer (CRenderer) holds float16 as its bits, converted by integer helpers.
 """
 import math
 
@@ -22,6 +23,10 @@ from metagraph.runtime.cache import KernelCache
 CTYPE = {"bool": "uint8_t", "uint8": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t",
          "int64": "int64_t", "float16": "_Float16", "bfloat16": "uint16_t", "float32": "float",
          "float64": "double"}   # bfloat16 is its bits: C has no arithmetic type for it (GCC 12)
+# the c backend's own types (bang's and opencl's renderers keep CTYPE): float16 is its bits too.
+# GCC 12 converts _Float16 one element at a time and leaves the loop scalar (a*b + sigmoid(a) over
+# 1M, one thread: 17.0 ms CPU time); c_helpers.j2's conversions are integer ops it vectorises (4.6)
+HOST_CTYPE = dict(CTYPE, float16="uint16_t")
 
 # the op table: meta-op (or (op, operand dtype or kind)) -> C; {type} the result's C type, {one}
 # its 1, {f} "f" for float32 math (float16 and bfloat16 math is float32's: compiler/decompose.py)
@@ -53,11 +58,11 @@ THREADS = flags.NUM_THREADS
 
 
 def scalar(value, dtype):
-    """A C literal of `dtype`."""
+    """A C literal of `dtype` (float16 as _Float16: see bits_literal for the c backend's)."""
     if dtype == dtypes.bool_:
         return "1" if value else "0"
     if dtype == dtypes.bfloat16:
-        return f"((uint16_t)0x{int(np.array(value, dtype.np).view(np.uint16)):04x})"
+        return bits_literal(value, dtype)
     if dtype.is_int:
         value = int(value)
         if dtype == dtypes.int64 and value == -2 ** 63:
@@ -73,10 +78,16 @@ def scalar(value, dtype):
     return f"(({CTYPE[dtype.name]}){text})"
 
 
+def bits_literal(value, dtype):
+    """A float16 or bfloat16 constant held as its bits: `value` rounded to `dtype` once."""
+    return f"((uint16_t)0x{int(np.array(value, dtype.np).view(np.uint16)):04x})"
+
+
 class Renderer(Walker):
     """The walker's constructs spelt as C (also the spelling of the opencl and bang backends):
-    values are temporaries, each statement a list of lines, loops the template's structures."""
-    OPS, INDEX = OPS, INDEX
+    values are temporaries, each statement a list of lines, loops the template's structures.
+    Types are TYPES' (float16 as _Float16; the c backend's own renderer is CRenderer)."""
+    OPS, INDEX, TYPES = OPS, INDEX, CTYPE
 
     def __init__(self, kernel):
         super().__init__(kernel)
@@ -84,7 +95,7 @@ class Renderer(Walker):
 
     # ---- spelling ----------------------------------------------------------------------------
     def fields(self, source, dtype):
-        return {"type": CTYPE[dtype.name], "one": scalar(1, dtype),
+        return {"type": self.TYPES[dtype.name], "one": self.literal(1, dtype),
                 "f": "f" if dtype == dtypes.float32 else ""}
 
     def literal(self, value, dtype):
@@ -98,7 +109,7 @@ class Renderer(Walker):
             return text
         name = f"t{self.temporaries}"
         self.temporaries += 1
-        self.emit(f"{CTYPE[value.dtype.name]} {name} = {text};")
+        self.emit(f"{self.TYPES[value.dtype.name]} {name} = {text};")
         return name
 
     def loop_variable(self, axis):
@@ -123,7 +134,7 @@ class Renderer(Walker):
         return name if index is None else f"{name}[{index}]"
 
     def index_value(self, index, dtype):
-        return f"(({CTYPE[dtype.name]})({index}))"
+        return f"(({self.TYPES[dtype.name]})({index}))"
 
     def convert(self, x, source, target):
         """C's conversion of `x` (bfloat16 values are their bits: through float32)."""
@@ -137,7 +148,7 @@ class Renderer(Walker):
             return f"({x} != 0)"
         if target == dtypes.bfloat16:
             return f"mg_f32_to_bf16({x if source == dtypes.float32 else f'(float){x}'})"
-        return f"(({CTYPE[target.name]}){x})"
+        return f"(({self.TYPES[target.name]}){x})"
 
     # ---- statements: each a list of lines (the temporaries, then the statement's own) ----------
     def statement(self, s, names=None):
@@ -152,7 +163,8 @@ class Renderer(Walker):
         return {"kind": "lines", "lines": self.lines}
 
     def define(self, s):
-        acc_type = CTYPE[s.dtype.name]
+        acc_type = self.TYPES[s.dtype.name]
+        init = None if s.init is None else self.literal(s.init, s.dtype)
         if s.size is not None and s.init is None:
             # a staging array (a packed operand, a cached row), used only through a restrict
             # pointer: GCC 12 otherwise assumed it might alias the register tile's accumulator
@@ -162,9 +174,9 @@ class Renderer(Walker):
         elif s.size is not None:
             # explicitly aligned: GCC 12 otherwise placed it misaligned under an aligned store
             self.emit(f"{acc_type} {s.name}[{s.size}] __attribute__((aligned(64)));")
-            self.emit(f"for (int64_t q = 0; q < {s.size}; q++) {s.name}[q] = {scalar(s.init, s.dtype)};")
+            self.emit(f"for (int64_t q = 0; q < {s.size}; q++) {s.name}[q] = {init};")
         else:
-            self.emit(f"{acc_type} {s.name} = {scalar(s.init, s.dtype)};")
+            self.emit(f"{acc_type} {s.name} = {init};")
             if s.op == "max" and s.dtype.is_float:
                 # a flag as wide as the value: GCC packs a uint8_t one from the compare's
                 # lanes at every step (softmax 4096x1024: 2.29 -> 2.18 ms)
@@ -262,6 +274,43 @@ def _invariant_loads(loop):
     return list(found.values())
 
 
+class CRenderer(Renderer):
+    """The c backend's own spelling: float16 held as its bits, as bfloat16 is, and converted by
+    c_helpers.j2's integer helpers (bang's and opencl's renderers derive from Renderer, whose
+    float16 is _Float16: bang's intrinsics select on `_Float16 *`, opencl's memory is `half`)."""
+    TYPES = HOST_CTYPE
+
+    def __init__(self, kernel):
+        super().__init__(kernel)
+        # a float16 rounded from a float32 (its rendering) -> the float32. Read back as float32
+        # (each op on float16 is rounded so: compiler/decompose.py) it is mg_round_f16 of that,
+        # not a narrowing and a widening (a*b + sigmoid(a) over 1M: 7.4 -> 4.5 ms)
+        self.narrowed_from = {}
+
+    def literal(self, value, dtype):
+        return bits_literal(value, dtype) if dtype == dtypes.float16 else super().literal(value, dtype)
+
+    def bind(self, text, value):
+        """No temporary for a narrowing: most are only read back as float32 (mg_round_f16), and
+        GCC computes a repeated one once."""
+        return text if text in self.narrowed_from else super().bind(text, value)
+
+    def convert(self, x, source, target):
+        """C's conversion of `x`, float16 through float32 as bfloat16's is; float64 to float16
+        directly (rounded once, as numpy rounds it: through float32 could round twice)."""
+        if source is target or dtypes.float16 not in (source, target):
+            return super().convert(x, source, target)
+        if source == dtypes.float16:
+            if x in self.narrowed_from:
+                return super().convert(f"mg_round_f16({self.narrowed_from[x]})", dtypes.float32, target)
+            return super().convert(f"mg_f16_to_f32({x})", dtypes.float32, target)
+        if source == dtypes.float64:
+            return f"mg_f64_to_f16({x})"
+        wide = super().convert(x, source, dtypes.float32)
+        self.narrowed_from[f"mg_f32_to_f16({wide})"] = wide
+        return f"mg_f32_to_f16({wide})"
+
+
 _TEMPLATE = template("c.j2")
 
 
@@ -269,8 +318,8 @@ def render(kernels, vector_math=True):
     """C source for a batch of kernels (vector_math: declare libmvec's SIMD math functions)."""
     views = []
     for kernel in kernels:
-        renderer = Renderer(kernel)
-        params = [{"ctype": CTYPE[p.dtype.name], "output": p.output, "shared": p.shared}
+        renderer = CRenderer(kernel)
+        params = [{"ctype": HOST_CTYPE[p.dtype.name], "output": p.output, "shared": p.shared}
                   for p in kernel.params]
         views.append({"name": kernel.name, "params": params,
                       "body": [renderer.statement(s) for s in kernel.body]})
