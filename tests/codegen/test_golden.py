@@ -5,6 +5,7 @@ Regenerate after an intended change with METAGRAPH_UPDATE_GOLDEN=1 and review th
 import os
 import re
 
+import numpy as np
 import pytest
 
 import metagraph as mg
@@ -31,8 +32,16 @@ def _fused_chain():
     return F.relu(x * 1.5 + 0.5) * F.sigmoid(x)
 
 
+def _float16_chain():
+    """The chain in float16: on c, values held as bits and converted by integer helpers."""
+    def half():
+        return mg.tensor(np.linspace(-4, 4, 64), dtype=mg.float16)
+    return F.relu(half() * 1.5 + 0.5) * F.sigmoid(half())
+
+
 CASES = {
     "elementwise_chain": _fused_chain,
+    "elementwise_chain_float16": _float16_chain,
     "row_sum": lambda: mg.rand(8, 33).sum(1),
     "matmul": lambda: mg.rand(4, 6) @ mg.rand(6, 9),
     "conv_bias_relu": lambda: F.relu(
