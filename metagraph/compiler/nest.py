@@ -114,25 +114,18 @@ class Nest:
         store_loops = found.store_loops or [(d, extent[d], ir.VECTOR if d == inner else ir.SERIAL)
                                             for d in block]
         store_offset = offset if found.store_offset is None else found.store_offset
+        accumulate = [ir.Accumulate("acc", op, found.value, simplify(offset, extent))]
+        self.accumulator.index = simplify(store_offset, extent)
+        stores, vectors, used = [found.store], row_vectors(size, acc_dtype.itemsize), set()
         blocking = register_block(extent, found.value, found.outer, inner, size)
-        if blocking is None:
-            accumulate = [ir.Accumulate("acc", op, found.value, simplify(offset, extent))]
-            self.accumulator.index = simplify(store_offset, extent)
-            stores = [found.store]
-        else:
-            accumulate, stores, rows = self.register_blocked(blocking, (offset, store_offset), size, op,
-                                                             found.value, found.store)
-            store_loops = [rows] + store_loops
-            vectors, used = row_vectors(size, acc_dtype.itemsize), {blocking[0]}
-            size *= rows[1]
-            while len(accumulate) * vectors < MIN_CHAINS:     # too few to hide the latency: block more
-                more = register_block(extent, found.value, [d for d in found.outer if d not in used], inner,
+        while blocking is not None:
+            accumulate, stores, rows = self.register_blocked(blocking, accumulate, stores, size)
+            store_loops, size = [rows] + store_loops, size * rows[1]
+            used.add(blocking[0])
+            if len(accumulate) * vectors >= MIN_CHAINS:
+                break           # enough chains to hide the latency; fewer: block another dimension
+            blocking = register_block(extent, found.value, [d for d in found.outer if d not in used], inner,
                                       size, most=MAX_CHAINS // (len(accumulate) * vectors))
-                if more is None:
-                    break
-                accumulate, stores, rows = self.reblocked(more, accumulate, stores, size)
-                store_loops, size = [rows] + store_loops, size * rows[1]
-                used.add(more[0])
         for d in reversed(block):
             accumulate = [ir.Loop(d, extent[d], ir.VECTOR if d == inner else ir.SERIAL, accumulate)]
         for loop_var, loop_extent in reversed(loops):
@@ -382,28 +375,12 @@ class Nest:
         return ir.Store(store.param, simplify(substitute(store.index, mapping), self.extents),
                         self.substituted(store.value, mapping))
 
-    def register_blocked(self, blocking, offsets, size, op, value, store):
-        """Accumulate `rows` consecutive values of output dimension d at once: d's loop counts
-        blocks, and each step of the vectorised loop reads its shared operand once for `rows`
-        accumulations (unrolled), each with its own element of the other operand. `offsets` are
-        the position in the block where it is accumulated and where it is stored from. Returns
-        (accumulations, stores, the store's loop over the rows)."""
-        (d, rows), (offset, store_offset) = blocking, offsets
-        r = max(self.extents) + 1
-        self.extents[d], self.extents[r] = self.extents[d] // rows, rows
-        block_var = Var(d) * rows + Var(r)
-        accumulate = []
-        for row in range(rows):
-            mapping = Replace({d: Var(d) * rows + Const(row)})
-            index = simplify(Const(row * size) + offset, self.extents)
-            accumulate.append(ir.Accumulate("acc", op, self.substituted(value, mapping), index))
-        self.accumulator.index = simplify(Var(r) * size + store_offset, self.extents)
-        return accumulate, [self.stored(store, Replace({d: block_var}))], (r, rows, ir.SERIAL)
-
-    def reblocked(self, blocking, accumulate, stores, size):
-        """Register-blocked accumulations (`register_blocked`'s) blocked again along another output
-        dimension d: each is repeated for `rows` consecutive values of d, `size` elements apart in
-        the accumulator. Returns (accumulations, stores, the store's loop over the new rows)."""
+    def register_blocked(self, blocking, accumulate, stores, size):
+        """Accumulations blocked along output dimension d (`blocking`: (d, rows)): d's loop counts
+        blocks, and each accumulation is repeated (unrolled) for `rows` consecutive values of d,
+        `size` elements apart in the accumulator, so that an operand that does not vary along d is
+        read once for all of them. Applied again for each further dimension a tile blocks. Returns
+        (accumulations, stores, the store's loop over the new rows)."""
         d, rows = blocking
         r = max(self.extents) + 1
         self.extents[d], self.extents[r] = self.extents[d] // rows, rows
