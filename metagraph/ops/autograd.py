@@ -26,26 +26,24 @@ _RULES = {name: row.grad if name in _BUILT or row.grad is None else recorded_rul
 
 def _backward_order(outputs):
     """Nodes that need a gradient, outputs first: a depth-first walk (the last output and the last
-    input first; iterative, stops at leaves) in post-order, reversed. Each node is stacked once and
-    its inputs scanned again when the walk comes back to it, rather than stacked with a marker."""
+    input first; iterative, stops at leaves) in post-order, reversed. Each node is stacked once with
+    an iterator over its inputs, which resumes where it stopped when the walk comes back to it (a
+    scan from the start made a cat of n inputs cost n^2: 7 s at n = 16,000)."""
     order, seen = [], set()
     for root in reversed(outputs):
         if not root.requires_grad or root.id in seen:
             continue
         seen.add(root.id)
-        stack = [root]
+        stack = [(root, iter(() if root.leaf else reversed(root.inputs)))]
         while stack:
-            node = stack[-1]
-            if not node.leaf:
-                for source in reversed(node.inputs):
-                    if source.requires_grad and source.id not in seen:
-                        seen.add(source.id)
-                        stack.append(source)
-                        break
-                else:
-                    order.append(stack.pop())
-                continue
-            order.append(stack.pop())
+            node, pending = stack[-1]
+            for source in pending:
+                if source.requires_grad and source.id not in seen:
+                    seen.add(source.id)
+                    stack.append((source, iter(() if source.leaf else reversed(source.inputs))))
+                    break
+            else:
+                order.append(stack.pop()[0])
     return order[::-1]
 
 

@@ -5,6 +5,7 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import metagraph as mg
 from metagraph.ops import autograd, math as m, table
@@ -114,6 +115,20 @@ def _reference_order(outputs):
         if root.requires_grad and root.id not in seen:
             visit(root)
     return order[::-1]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2 ** 16), st.integers(0, 2 ** 16), st.sampled_from("+*c")),
+                min_size=1, max_size=25), st.integers(1, 3))
+def test_the_backward_order_of_random_graphs_is_the_recursive_walks(steps, roots):
+    """Random DAGs (values used many times, nodes of many inputs through cat) in the iterative and
+    the recursive walk's order."""
+    pool = [mg.tensor(np.ones(2, np.float32), requires_grad=k % 2 == 0) for k in range(3)]
+    for a, b, op in steps:
+        x, y = pool[a % len(pool)], pool[b % len(pool)]
+        pool.append(x + y if op == "+" else x * y if op == "*" else mg.cat(pool[-4:], 0)[:2])
+    outputs = [t.node for t in pool[-roots:]]
+    assert [n.id for n in autograd._backward_order(outputs)] == [n.id for n in _reference_order(outputs)]
 
 
 def test_the_backward_order_is_a_depth_first_post_order():
