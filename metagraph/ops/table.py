@@ -328,9 +328,13 @@ def _inverse(x_shape, y_shape, index_map):
 def _shifted_scatter(g, shape, shifts, key):
     """A scatter-add read back at a shifted sub-box (a padded view's gradient, after the gradient
     of the window that read it) as the same scatter shifted straight into the sub-box: a conv's
-    input gradient is then summed over the input's shape, not its padded copy's (4x4, not 6x6).
-    None unless g is such a scatter and the map back a pure shift (`shifts`, from _inverse, whose
+    input gradient is then summed over the input's shape, not its padded copy's (4x4, not 6x6). A
+    cast of such a scatter (element-wise) is the cast of the shifted one. None unless g is such a
+    scatter and the map back a pure shift (`shifts`, from _inverse, whose
     cache `key` names it)."""
+    if shifts is not None and g.op == "cast":     # (a float16 scatter-add is one in float32, cast)
+        inner = _shifted_scatter(g.inputs[0], shape, shifts, key)
+        return None if inner is None else apply("cast", inner, dtype=g.dtype)
     if shifts is None or g.op != "reindex_reduce" or g.attrs["op"] != "add" or g.attrs["checked"] or \
             len(g.inputs) > 1:
         return None

@@ -69,3 +69,25 @@ def test_torch_rounds_a_bfloat16_scatter_add_once():
     mg.set_backend("numpy")
     ours = mg.zeros((3, 4), dtype=mg.bfloat16).scatter_add(0, mg.tensor(index), mg.tensor(source)).numpy()
     np.testing.assert_array_equal(ours.astype(np.float32), theirs.float().numpy())
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [mg.float32])
+def test_a_padded_conv_input_gradient_scatters_into_the_input_not_its_padded_copy(dtype):
+    """The float32 scatter-add a low-precision one is built as still shifts into the unpadded input
+    (table._shifted_scatter looks through its cast), as in float32."""
+    rng = np.random.default_rng(3)
+    data, weights = rng.standard_normal((1, 2, 4, 4)), rng.standard_normal((3, 2, 3, 3))
+    x = mg.tensor(data.astype(dtype.np), requires_grad=True)
+    w = mg.tensor(weights.astype(dtype.np))
+    (grad,) = mg.grad(F.conv2d(x, w, padding=1).sum(), [x])
+    shapes, stack, seen = set(), [grad.node], set()
+    while stack:
+        node = stack.pop()
+        if node.id not in seen:
+            seen.add(node.id)
+            shapes |= {node.shape} if node.op == "reindex_reduce" else set()
+            stack.extend(node.inputs)
+    assert (1, 2, 4, 4) in shapes and (1, 2, 6, 6) not in shapes, shapes
+    wide = mg.tensor(data.astype(dtype.np).astype(np.float32), requires_grad=True)
+    want = mg.grad(F.conv2d(wide, w.float(), padding=1).sum(), [wide])[0].numpy()
+    np.testing.assert_allclose(grad.float().numpy(), want, rtol=1e-2, atol=1e-2)
