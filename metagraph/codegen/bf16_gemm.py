@@ -25,20 +25,16 @@ DECLARATION = (f"int {ENTRY}(const uint16_t *, const uint16_t *, float *, int64_
 
 def cpu_has_bf16_dot():
     """Whether the CPU reports AVX-512 BF16 (Linux's /proc/cpuinfo flag avx512_bf16)."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            line = next((line for line in info if line.startswith("flags")), "")
-    except OSError:
-        return False
-    return "avx512_bf16" in line.split()
+    from metagraph.codegen import toolchain      # (it imports compiled.py, which imports this)
+    return "avx512_bf16" in toolchain.cpu_flags().split()
 
 
 @functools.lru_cache(maxsize=None)
 def available():
     """Whether bfloat16 contractions go to the host kernel: the CPU has the instruction and a C
     compiler is there to build it."""
-    from metagraph.codegen import c
-    return cpu_has_bf16_dot() and shutil.which(c.compiler_command()) is not None
+    from metagraph.codegen import toolchain
+    return cpu_has_bf16_dot() and shutil.which(toolchain.compiler_command()) is not None
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,18 +42,18 @@ def _function():
     """The compiled entry point (built on first use, then found in the kernel cache)."""
     import cffi
 
-    from metagraph.codegen import c
+    from metagraph.codegen import toolchain
     from metagraph.runtime.cache import KernelCache
     with open(SOURCE) as stream:
         source = stream.read()
-    cache = KernelCache(flags.CACHE_DIR, "bf16_gemm\n" + c.toolchain_identity())
+    cache = KernelCache(flags.CACHE_DIR, "bf16_gemm\n" + toolchain.toolchain_identity())
     key = cache.key(source)
     path = cache.find(key)
     if path is None:
-        path, _ = cache.build(source, [key], lambda src, out: c.compile_shared(src, out, ("-lm",)))
+        path, _ = cache.build(source, [key], lambda src, out: toolchain.compile_shared(src, out, ("-lm",)))
     ffi = cffi.FFI()
     ffi.cdef(DECLARATION)
-    library = ffi.dlopen(path, ffi.RTLD_NOW | ffi.RTLD_NODELETE)   # see c.SharedObjects: OpenMP stays
+    library = ffi.dlopen(path, ffi.RTLD_NOW | ffi.RTLD_NODELETE)   # see toolchain.SharedObjects: OpenMP stays
     return ffi, getattr(library, ENTRY)
 
 

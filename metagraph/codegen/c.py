@@ -11,10 +11,8 @@ import math
 import numpy as np
 
 from metagraph import dtypes, flags
-from metagraph.codegen.compiled import (CompileError, CompiledBackend, fused_product,  # noqa: F401
-                                        template, worth_threads)
-from metagraph.codegen.toolchain import (SharedObjects, compile_shared, compiler_command,  # noqa: F401
-                                         probe_vector_math, toolchain_identity)   # bf16_gemm's, through c
+from metagraph.codegen.compiled import CompiledBackend, fused_product, template, worth_threads
+from metagraph.codegen.toolchain import SharedObjects, compile_shared, probe_vector_math, toolchain_identity
 from metagraph.codegen.walker import Walker, op_form
 from metagraph.compiler import ir
 from metagraph.expr import variables

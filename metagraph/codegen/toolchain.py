@@ -2,6 +2,7 @@
 (both render C, compile it with the same flags and load it through cffi).
 """
 import ctypes
+import functools
 import os
 import subprocess
 
@@ -45,7 +46,13 @@ def compile_shared(source_path, output_path, libraries=("-lmvec", "-lm"), includ
 
 def toolchain_identity():
     """What goes into the cache key besides the source: compiler, version, flags, target CPU."""
-    command = compiler_command()
+    return _identity(compiler_command())
+
+
+@functools.lru_cache(maxsize=None)
+def _identity(command):
+    """toolchain_identity for one compiler: two compiler runs, worked out once per process (the c
+    and bang backends and the bfloat16 GEMM each key their caches by it)."""
     try:
         version = subprocess.run([command, "--version"], capture_output=True, text=True, timeout=60).stdout
         target = subprocess.run([command, "-march=native", "-Q", "--help=target"], capture_output=True,
@@ -53,14 +60,18 @@ def toolchain_identity():
     except (OSError, subprocess.TimeoutExpired) as error:
         raise CompileError(f"no working C compiler {command!r}: {error}") from None
     march = [line.split()[-1] for line in target.splitlines() if line.strip().startswith("-march=")]
-    cpu_flags = ""
+    return "\n".join([command, version.splitlines()[0] if version else "", " ".join(COMPILE_FLAGS),
+                      ",".join(march), cpu_flags()])
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_flags():
+    """The CPU's feature flags as Linux reports them (the `flags` line of /proc/cpuinfo), or ""."""
     try:
         with open("/proc/cpuinfo") as info:
-            cpu_flags = next((line for line in info if line.startswith("flags")), "")
+            return next((line for line in info if line.startswith("flags")), "")
     except OSError:
-        pass
-    return "\n".join([command, version.splitlines()[0] if version else "", " ".join(COMPILE_FLAGS),
-                      ",".join(march), cpu_flags])
+        return ""
 
 
 def probe_vector_math(backend):

@@ -13,7 +13,7 @@ import warnings
 import pytest
 
 import metagraph as mg
-from metagraph.codegen import c
+from metagraph.codegen import c, toolchain
 from metagraph.runtime.cache import KernelCache
 from tests.helpers import needs
 
@@ -141,18 +141,18 @@ def test_compile_error_names_the_source_the_log_and_the_users_line(tmp_path, mon
     needs("c")
     bad = tmp_path / "bad.c"
     bad.write_text("this is not C\n")
-    with pytest.raises(c.CompileError, match=r"bad.c .*its output is in .*bad.c.log"):
-        c.compile_shared(str(bad), str(tmp_path / "bad.so"))
+    with pytest.raises(toolchain.CompileError, match=r"bad.c .*its output is in .*bad.c.log"):
+        toolchain.compile_shared(str(bad), str(tmp_path / "bad.so"))
 
     def failing(source_path, output_path, libraries=()):
-        raise c.CompileError(f"the C compiler failed on {source_path}")
+        raise toolchain.CompileError(f"the C compiler failed on {source_path}")
 
     monkeypatch.setattr(c, "compile_shared", failing)
     monkeypatch.setattr(mg.backend, "_active", c.CBackend())   # a backend that has loaded nothing
     monkeypatch.setattr(mg.backend._active.cache, "find", lambda key: None)
     x = mg.rand(3)
     y = x * 123.456 + 7  # the line the error must name
-    with pytest.raises(c.CompileError, match=r"values created at test_cache.py:\d+"):
+    with pytest.raises(toolchain.CompileError, match=r"values created at test_cache.py:\d+"):
         y.numpy()
 
 
