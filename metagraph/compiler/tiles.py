@@ -60,6 +60,8 @@ LANES = Var("lanes")     # the lanes of the current tile: TILE, fewer in the las
 ALIGN = 64               # lanes per tile are a multiple of this (a 128- or 256-byte vector on chip)
 PER_LANE = frozenset({"offsets", "iota", "guard_lanes", "collect", "update_lanes", "put_lanes"})
 
+COMMUTATIVE = frozenset({"add", "mul", "max", "min", "and", "or", "xor"})   # a op b == b op a
+
 
 # a scratchpad buffer: `size` elements of dtype, or one per lane of a tile (size None)
 Buffer = namedtuple("Buffer", "name dtype size", defaults=(None,))
@@ -342,9 +344,11 @@ class _Tile:
         source, out = args[0].dtype, self.plan.new(value.dtype)
         operands = [self.operand(arg) for arg in args]
         scalars = [not isinstance(operand, (Buffer, Slice)) for operand in operands]
-        scalar = op in self.plan.scalar_ops and source != dtypes.bool_ and any(scalars)
+        # a scalar form takes the buffer first: a scalar on the left only where the op commutes
+        scalar = op in self.plan.scalar_ops and source != dtypes.bool_ and any(scalars) and \
+            (not scalars[0] or op in COMMUTATIVE)
         if scalar:
-            operands = operands[::-1] if scalars[0] else operands        # the buffer first
+            operands = operands[::-1] if scalars[0] else operands
         else:
             operands = [self.buffer(operand, arg.dtype) for operand, arg in zip(operands, args)]
         self.step("compute", out=out, op=op, args=tuple(operands), dtype=source, scalar=scalar,

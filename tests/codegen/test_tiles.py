@@ -152,3 +152,14 @@ def test_each_scalar_load_moves_through_a_slot_of_its_own():
     loads = [v for value in scalars for v in ir.values(value) if isinstance(v, ir.Load)]
     assert loads and len({plan.slot(load).name for load in loads}) == len(loads)
     assert all(plan.slot(load).size == 1 and plan.slot(load) in plan.buffers for load in loads)
+
+
+def test_a_scalar_form_takes_a_left_scalar_only_where_the_op_commutes():
+    """A target with a scalar form of pow: 2 ** x must not become x ** 2 (the scalar is spread over
+    a buffer instead); 2 * x may take the scalar form, mul commuting."""
+    x = mg.rand(64)
+    for expr, op, scalar_form in ((2.0 ** x, "pow", False), (2.0 * x, "mul", True)):
+        plan = tiles.Plan(_kernels(expr.node)[-1], frozenset({"pow", "mul"}))
+        (step,) = [step for program in plan.programs.values() for steps in program for step in steps
+                   if step.kind == "compute" and step.operands["op"] == op]
+        assert step.operands["scalar"] == scalar_form
