@@ -135,3 +135,20 @@ def test_float16_gradients_are_refused_as_pytorch_does():
     scaler.scale(param.sum()).backward()
     with pytest.raises(mg.DTypeError, match="unscale float16 gradients"):
         scaler.step(optimizer)
+
+
+def test_unscaling_keeps_the_gradients_and_leaves_the_division_lazy():
+    """unscale_ computes the gradients and the inf check once; the division by the scale stays a
+    pending multiply that the optimizer's update absorbs, not a second set of gradient buffers."""
+    rng = np.random.default_rng(0)
+    x, y = mg.tensor(rng.standard_normal((32, 64)).astype(np.float32)), mg.tensor(rng.integers(0, 10, 32))
+    model = mg.nn.Sequential(mg.nn.Linear(64, 128), mg.nn.ReLU(), mg.nn.Linear(128, 10))
+    opt = mg.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    scaler = mg.amp.GradScaler()
+    scaler.scale(mg.nn.functional.cross_entropy(model(x), y)).backward()
+    scaled = [p.grad for p in model.parameters()]
+    scaler.unscale_(opt)
+    assert all(g.node.buffer is not None for g in scaled)                  # computed, kept
+    assert all(p.grad.node.buffer is None for p in model.parameters())     # divided lazily
+    for p, g in zip(model.parameters(), scaled):
+        np.testing.assert_allclose(p.grad.numpy(), g.numpy() / 65536.0, rtol=1e-6)

@@ -28,7 +28,7 @@ LOWER_PRECISION = frozenset({
     "prelu",
 })
 FLOAT32 = frozenset({
-    "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div",
+    "cross_entropy", "nll_loss", "mse_loss", "l1_loss",
     "binary_cross_entropy", "binary_cross_entropy_with_logits",
 })
 DTYPES = (dtypes.bfloat16, dtypes.float16)

@@ -197,7 +197,8 @@ class GradScaler:
 
     def _unscale_grads(self, optimizer):
         """Replace each gradient by gradient / scale (one float32 multiply by the float32 reciprocal,
-        as PyTorch's); whether any gradient held an inf or NaN. Computes the gradients (a sync)."""
+        as PyTorch's, left lazy for the optimizer's kernels); whether any gradient held an inf or
+        NaN. Computes the gradients and the check (a sync)."""
         import metagraph as mg          # this package is imported by ops, before the tensor layer
         inverse = float(np.float32(1.0 / np.float64(self._scale)))
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
@@ -213,7 +214,7 @@ class GradScaler:
             wide = grad.float() if grad.dtype in dtypes.LOW_PRECISION else grad
             unscaled.append((wide * inverse).to(grad.dtype))
         finite = mg.stack(checks).all()
-        mg.sync(finite, *unscaled)
+        mg.sync(finite, *(p.grad for p in params))      # the gradients, kept; unscaled lazily
         for p, grad in zip(params, unscaled):
             p.grad = grad
         return not finite.item()
