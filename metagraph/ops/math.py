@@ -96,7 +96,8 @@ def _constant(value, shape, dtype, operand):
             if len(_CONSTANTS) >= CONSTANT_CACHE_SIZE:
                 _CONSTANTS.pop(next(iter(_CONSTANTS)))
             _CONSTANTS[key] = node
-    elif operand and scalars.Sites.varying and scalars.varies(value, shape, dtype, sys._getframe(2)):
+    elif operand and scalars.Sites.varying and (shape, dtype) in scalars.Sites.varying and \
+            scalars.varies(value, shape, dtype, sys._getframe(2)):
         return run_time_scalar(value, shape, dtype)
     return node
 

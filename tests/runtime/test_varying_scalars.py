@@ -120,3 +120,18 @@ def test_the_site_table_is_bounded(monkeypatch):
         (mg.tensor(np.zeros(size, np.float32)) + 0.25).numpy()     # a new site (shape) per size
     (x + 0.75).numpy()
     assert len(scalars._sites) <= 8
+
+
+def test_a_varying_site_costs_nothing_to_constants_of_other_kinds(lowerings, monkeypatch):
+    """Only constant operands of a (shape, dtype) some site varies in look their site up."""
+    grid, row = mg.tensor(np.ones((3, 3), np.float32)), mg.tensor(np.ones(16, np.float32))
+    for i in range(4):
+        (grid * float(i)).numpy()                   # a (3, 3) float32 site varies
+    assert ((3, 3), mg.float32) in scalars.Sites.varying
+    row * 0.5, grid * 0.5                           # made shared constants (their first values)
+    looked_up = []
+    real = scalars.varies
+    monkeypatch.setattr(scalars, "varies", lambda *args: looked_up.append(args[1]) or real(*args))
+    row * 0.5                                       # shared constant of another shape: no lookup
+    grid * 0.5                                      # of the varying kind: looked up
+    assert looked_up == [(3, 3)]
