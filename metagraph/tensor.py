@@ -75,15 +75,8 @@ def _operator(fn):
 
 
 def _reflected(fn):
-    def lifted(self, other):
-        kind = type(other)
-        if kind is Tensor:
-            other = other.node
-        elif kind is not int and kind is not float:
-            other = _operand(other)
-        result = fn(other, self.node)
-        return Tensor(result) if type(result) is Node else _wrap(result)
-    return lifted
+    """The reflected operator's method (`1 + x`, `2 ** x`): _operator's, its operands swapped."""
+    return _operator(lambda node, other: fn(other, node))
 
 
 def _to_dtype(fn_dtype):

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from metagraph import dtypes
 from metagraph.distributed.group import DistributedError, completed_work, current_world, record
 from metagraph.errors import ArgumentError, DTypeError, ShapeError
 from metagraph.ops.node import Node
@@ -31,8 +32,7 @@ class ReduceOp:
 REDUCE_OPS = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT)
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor")
-DTYPE_NAMES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
-               "float64")
+DTYPE_NAMES = tuple(dtype.name for dtype in dtypes.ALL)     # a signature's dtype is its position here
 SIGNATURE_DIMS = 8          # dimensions a signature spells out; a longer shape is told by its numel
 
 
