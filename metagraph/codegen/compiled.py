@@ -58,12 +58,14 @@ def worth_threads(loop):
     return loop.kind == ir.PARALLEL and loop.extent >= 2 and _work(loop) >= PARALLEL_WORK
 
 
-def thread_groups(body):
-    """A kernel's top-level statements as (loop, None) for each outer loop worth threads or tasks,
-    and (None, statements) for each run of the others, in order."""
+def thread_groups(body, threaded=None):
+    """A kernel's top-level statements as (loop, None) for each outer loop worth threads or tasks
+    (`threaded(loop)`; default worth_threads), and (None, statements) for each run of the others,
+    in order."""
+    threaded = threaded or worth_threads
     groups, serial = [], []
     for s in body:
-        if isinstance(s, ir.Loop) and worth_threads(s):
+        if isinstance(s, ir.Loop) and threaded(s):
             if serial:
                 groups.append((None, serial))
                 serial = []

@@ -20,7 +20,7 @@ import numpy as np
 
 from metagraph import dtypes, flags
 from metagraph.codegen import c
-from metagraph.codegen.compiled import CompileError, CompiledBackend, template
+from metagraph.codegen.compiled import CompileError, CompiledBackend, template, thread_groups
 from metagraph.codegen.opencl_ops import OPS, UNSIGNED, cast
 from metagraph.codegen.tuning import Tuner
 from metagraph.compiler import ir
@@ -127,15 +127,8 @@ def _phases(kernel, device):
     params = [{"ctype": POINTER[p.dtype.name], "output": p.output} for p in kernel.params]
     if any(isinstance(s, ir.Define) for s in kernel.body):
         groups = [(None, kernel.body)]
-    else:
-        groups = []
-        for s in kernel.body:
-            if isinstance(s, ir.Loop) and s.kind == ir.PARALLEL:
-                groups.append((s, None))
-            elif groups and groups[-1][0] is None:
-                groups[-1][1].append(s)
-            else:
-                groups.append((None, [s]))
+    else:       # every parallel loop is a launch of its own
+        groups = thread_groups(kernel.body, lambda loop: loop.kind == ir.PARALLEL)
     phases = []
     for number, (loop, statements) in enumerate(groups or [(None, [])]):
         loops, statements = _spread(loop) if loop is not None else ([], statements)
