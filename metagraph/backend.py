@@ -23,24 +23,30 @@ def _numpy():
     return NumpyBackend()
 
 
+def _pipeline(generator):
+    """The realisation pipeline over a code generator: what realises graphs with its kernels."""
+    from metagraph.pipeline.realize import Pipeline
+    return Pipeline(generator)
+
+
 def _c():
     from metagraph.codegen.c import CBackend
-    return CBackend()
+    return _pipeline(CBackend())
 
 
 def _llvm():
     from metagraph.codegen.llvm import LLVMBackend
-    return LLVMBackend()
+    return _pipeline(LLVMBackend())
 
 
 def _bang():
     from metagraph.codegen.bang import BangBackend
-    return BangBackend()
+    return _pipeline(BangBackend())
 
 
 def _opencl():
     from metagraph.codegen.opencl import OpenCLBackend
-    return OpenCLBackend()
+    return _pipeline(OpenCLBackend())
 
 
 BACKENDS = {"c": _c, "llvm": _llvm, "bang": _bang, "numpy": _numpy, "opencl": _opencl}
@@ -144,7 +150,7 @@ def _moved(buffer, device):
     copied back to the host."""
     if device is CPU_NAME:
         return np.asarray(buffer)
-    return _instance(DEVICE_BACKENDS[device]).device.upload(buffer)
+    return _instance(DEVICE_BACKENDS[device]).generator.device.upload(buffer)
 
 
 def _make_copies(nodes):
@@ -172,4 +178,4 @@ def empty_cache():
     executor.empty_cache()
     for name in DEVICE_BACKENDS.values():
         if name in _instances:
-            _instances[name].device.empty_cache()
+            _instances[name].generator.device.empty_cache()

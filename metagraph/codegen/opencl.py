@@ -22,7 +22,6 @@ from metagraph import dtypes, flags
 from metagraph.codegen import c
 from metagraph.codegen.compiled import CompileError, CompiledBackend, template, thread_groups
 from metagraph.codegen.opencl_ops import OPS, UNSIGNED, cast
-from metagraph.codegen.tuning import Tuner
 from metagraph.compiler import ir
 from metagraph.errors import Unsupported
 from metagraph.runtime import opencl, profiler
@@ -193,25 +192,18 @@ class Launch:
             self.device.queue.finish()
 
 
-class _Untuned(Tuner):
-    """Tuning times register-tile variants on the host's buffers: not for device kernels."""
-
-    def wanted(self, run):
-        return False
-
-
 class OpenCLBackend(CompiledBackend):
     """Kernels as OpenCL C, built by the device's driver, run with the device's memory."""
     name = "opencl"
     # one build at a time: PoCL builds in one LLVM (two threads compiled no faster)
     compile_jobs = 1
     read_slack = 0          # a device buffer has nothing readable past its end
+    tunable = False         # tuning times variants on host buffers, not a device's
 
     def __init__(self):
         self.device = opencl.Device()
         super().__init__(KernelCache(flags.CACHE_DIR, "opencl\n" + self.device.identity + "\n" +
                                      " ".join(BUILD_OPTIONS), ".cl", ".clbin"))
-        self.tuner = _Untuned(self)
         self.on_device = opencl.DeviceMemory(self.device, to_host=False)
         self.on_host = opencl.DeviceMemory(self.device, to_host=True)
         self.programs = {}          # binary path -> its program, built for the device

@@ -10,7 +10,6 @@ import cffi
 
 from metagraph.codegen.compiled import CompileError, launcher
 from metagraph.compiler import ir
-from metagraph.runtime import profiler
 
 
 def compiler_command():
@@ -79,12 +78,19 @@ def probe_vector_math(backend):
     without glibc's vector math library (libmvec), math calls stay scalar. Sets the backend's
     `vector_math` and `libraries`."""
     backend.vector_math, backend.libraries = True, ("-lmvec", "-lm")
-    with profiler.suspended():
-        try:
-            backend.load([ir.Kernel("probe_kernel", [], [])])
-        except CompileError:
-            backend.vector_math, backend.libraries = False, ("-lm",)
-            backend.load([ir.Kernel("probe_kernel", [], [])])
+    try:
+        _build_probe(backend)
+    except CompileError:
+        backend.vector_math, backend.libraries = False, ("-lm",)
+        _build_probe(backend)
+
+
+def _build_probe(backend):
+    """Compile (unless the kernel cache has it) and open an empty kernel."""
+    source = backend.render([ir.Kernel("probe_kernel", [], [])])
+    key = backend.cache.key(source)
+    path = backend.cache.find(key) or backend.cache.build(source, [key], backend.compile)[0]
+    backend.open(path, "probe_kernel")
 
 
 class SharedObjects:

@@ -67,30 +67,24 @@ class Tuner:
         """Whether a schedule's `run`-th run (from 1) should be timed for tuning: its second."""
         return flags.TUNE > 0 and run == 2 and self.spent < flags.TUNE
 
-    @staticmethod
-    def inputs(steps):
-        """The graph positions that tuning `steps` may read after their run."""
-        return frozenset(k for step in steps if tunable(step) for k in step.positions[1:])
-
-    def tune(self, graph, entry, buffers, seconds):
-        """Time variants of the slow, undecided kernels of a compiled.Schedule `entry` (replaced
-        in place by the winners) on `buffers`, as long as the budget lasts."""
-        steps, functions, sources = entry.steps, entry.functions, entry.sources
-        for i, step in enumerate(steps):
-            if self.spent >= flags.TUNE:
-                return
-            name = step.tuned_from or step.name
-            if seconds[i] < MIN_SECONDS or not tunable(step) or self.get(name) is not None:
-                continue
-            start = time.perf_counter()
-            best = self.fastest(graph, step, buffers)
-            self.spent += time.perf_counter() - start
-            self.cache.remember(name, " ".join(str(getattr(best[0], field)) for field, _ in _TUNED))
-            steps[i], functions[i], sources[i] = best[1].compiled(), best[2], best[3]
-            if flags.DEBUG:
-                choice = ", ".join(f"{field} {getattr(best[0], field)}" for field, _ in _TUNED)
-                print(f"metagraph: tuned {name}: {choice} ({self.spent:.1f} s of {flags.TUNE:g} spent)",
-                      file=sys.stderr)
+    def tune(self, graph, entry, i, buffers, seconds):
+        """Step `i` of a pipeline.realize.Schedule `entry` has just run in `seconds` on `buffers`,
+        which still hold its inputs: if it is slow, undecided and the budget lasts, time its
+        variants and replace it in place by the winner (for the schedule's later runs)."""
+        step = entry.steps[i]
+        name = step.tuned_from or step.name
+        if (self.spent >= flags.TUNE or seconds < MIN_SECONDS or not tunable(step) or
+                any(k not in buffers for k in step.positions[1:]) or self.get(name) is not None):
+            return
+        start = time.perf_counter()
+        best = self.fastest(graph, step, buffers)
+        self.spent += time.perf_counter() - start
+        self.cache.remember(name, " ".join(str(getattr(best[0], field)) for field, _ in _TUNED))
+        entry.steps[i], entry.functions[i], entry.sources[i] = best[1].compiled(), best[2], best[3]
+        if flags.DEBUG:
+            choice = ", ".join(f"{field} {getattr(best[0], field)}" for field, _ in _TUNED)
+            print(f"metagraph: tuned {name}: {choice} ({self.spent:.1f} s of {flags.TUNE:g} spent)",
+                  file=sys.stderr)
 
     def fastest(self, graph, step, buffers):
         """(target, step, function, source) of the fastest variant of `step`."""

@@ -464,11 +464,14 @@ class _Lowering:
     def loop_nest(self, node, store):
         """Loops over the output around `store`, with the reduction (if any) inside (nest.py)."""
         nest = Nest(self.extents, self.accumulator, self.target.registers, self.target.tile_fill,
-                    self.readable if self.target.slack else None)
+                    self.readable() if self.target.slack else None)
         return nest.loops(node, store, self.reduce_parts)
 
-    def readable(self, param):
-        """Elements of a parameter a load may touch: a buffer this schedule allocates has `slack`
-        bytes past its end; one that existed before (a user's array) has none."""
-        node = self.graph.nodes[self.params[param][0]]
-        return node.numel + (self.target.slack // node.dtype.itemsize if node.buffer is None else 0)
+    def readable(self):
+        """Elements of each parameter (by number) a load may touch: a buffer this schedule
+        allocates has `slack` bytes past its end; one that existed before (a user's array) has
+        none. A list, not a method the nest calls back: the nest's IR outlives this lowering in
+        reference cycles, and must not keep the graph (and the buffers of its nodes) alive."""
+        nodes = [self.graph.nodes[position] for position, _ in self.params]
+        return [node.numel + (self.target.slack // node.dtype.itemsize if node.buffer is None else 0)
+                for node in nodes]

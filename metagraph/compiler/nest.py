@@ -59,7 +59,7 @@ class _Block:
 class Nest:
     """Builds loop nests for one kernel: `extents` (loop variable -> extent, updated as variables
     are split) and the kernel's accumulator (its index is set here) are the lowering's;
-    `registers` is how many vectors a register tile may fill; `readable(param)` is how many
+    `registers` is how many vectors a register tile may fill; `readable[param]` is how many
     elements of a parameter a load may touch (its size, or more where the buffer has slack past
     its end), None when no load may read past what its loop needs."""
 
@@ -331,7 +331,7 @@ class Nest:
         self.extents[inner] = rounded
         for load in reads:
             low, high = value_range(load.index, self.extents)
-            if low < 0 or high >= self.readable(load.param):
+            if low < 0 or high >= self.readable[load.param]:
                 self.extents[inner] = width
                 return
         found.store_loops = found.store_loops or [

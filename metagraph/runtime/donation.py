@@ -55,12 +55,14 @@ class Plan:
     step may take over (it reads them last, they are not outputs, it has no run-time check), and
     who reads each position among the graph's unrealised nodes (their reads are in the key)."""
 
-    def __init__(self, graph, steps, last):
-        """`last`: executor.last_uses(steps)."""
+    def __init__(self, graph, steps, last, dead):
+        """`last`: executor.last_uses(steps); `dead`: executor.dead_after(steps, ...)."""
         outputs = set(graph.outputs)
         self.donors = [[k for k in step.in_place if last.get(k) == i and k not in outputs]
                        if not step.sites else [] for i, step in enumerate(steps)]
-        self.any = any(self.donors)          # (else a run needs no Donations)
+        self.any = any(self.donors)
+        # values autograd would keep that may go back to the pool early (Donations.unreachable)
+        self.releases = any(graph.nodes[k].requires_grad for positions in dead for k in positions)
         self.readers, self.slots = {}, {}
         _count_reads(graph, (k for k, node in enumerate(graph.nodes) if node.buffer is None),
                      self.readers, self.slots)
@@ -85,8 +87,8 @@ class Donations:
     (autograd keeps their inputs; a graph of the same key may hold other ones), counted when first
     needed."""
 
-    def __init__(self, graph, plan, pool, slack, keep):
-        self.graph, self.plan, self.pool, self.slack, self.keep = graph, plan, pool, slack, keep
+    def __init__(self, graph, plan, pool, slack):
+        self.graph, self.plan, self.pool, self.slack = graph, plan, pool, slack
         self.readers = self.slots = None
         self.given = False
         self.clean, self.unclean = set(), set()     # positions whose walk (below) passed, failed
@@ -96,7 +98,7 @@ class Donations:
         buffer is dropped; the caller drops it from `buffers` once the step has run), or None."""
         graph, plan = self.graph, self.plan
         for k in plan.donors[i]:
-            if k not in self.keep and self._private(k, plan.outputs_of[i], buffers) and self._unshared(k):
+            if self._private(k, plan.outputs_of[i], buffers) and self._unshared(k):
                 graph.nodes[k].buffer = None
                 self.given = True
                 return k
@@ -111,6 +113,12 @@ class Donations:
         pooled = self.pool.references(buffers[k].base, self.slack)
         return (_references(buffers, k) <= _ARRAY_BASE and
                 _memory_references(buffers, k) <= _MEMORY_BASE + pooled)
+
+    def unreachable(self, position):
+        """Whether nothing outside this realisation can read the value at `position` again (the
+        walk of _unshared), so that a value autograd would keep can go back to the pool once its
+        last reader has run: the activations a backward pass has consumed."""
+        return self._unshared(position)
 
     def _unshared(self, position):
         """Whether only this graph refers to the node at `position` and to every node that could

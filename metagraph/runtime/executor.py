@@ -9,12 +9,12 @@ from metagraph.errors import MetagraphError, OutOfMemory, at
 from metagraph.ops.node import reported_op
 from metagraph.ops.scalars import Realisations
 from metagraph.runtime import donation, profiler
-from metagraph.runtime.pool import Pool
+from metagraph.runtime import pool
 
 # Every buffer run() allocates has this many zero bytes past its end, which kernels may read (a
 # register tile's lanes past its row) and never write: the schedule is told so (lower.schedule).
 SLACK_BYTES = 128
-POOL = Pool()
+POOL = pool.HOST
 
 
 class HostMemory:
@@ -101,16 +101,18 @@ def dead_after(steps, outputs, last=None):
     return dead
 
 
-def run(graph, steps, functions, sources, oracle=None, seconds=None, explain=None, origins=None,
-        dead=None, donations=None, keep=frozenset(), memory=HOST, reads=None):
-    """Launch every step; returns every array computed or read, by graph position (and appends
-    each launch's time to `seconds`, a list, when given). When a kernel reports a failed check,
+def run(graph, steps, functions, sources, oracle=None, tune=None, explain=None, origins=None,
+        dead=None, donations=None, memory=HOST, reads=None):
+    """Launch every step; returns every array computed or read, by graph position. `tune(k,
+    seconds, buffers)`, when given, is called after step k has run (in `seconds`) while its inputs
+    are still in `buffers` (tuning times variants of it there). When a kernel reports a failed check,
     `explain(graph, step, buffers)` may raise the error with more detail than the kernel gives
     (the offending index). `origins`: what each step was built from (provenance.Origin), which
     the profile and METAGRAPH_DEBUG name. `dead` (from dead_after): buffers dropped after each
-    step, unless their node requires grad (realize keeps those); not returned. `donations` (a
-    donation.Plan): inputs whose buffers steps may write their outputs over. Neither touches the
-    positions in `keep` (what tuning will read). `memory` (HostMemory's methods) holds the buffers.
+    step, not returned; a node that requires grad keeps its buffer (realize gives it to the node)
+    unless `donations` shows nothing outside this graph can reach it (Donations.unreachable).
+    `donations` (a donation.Plan, for host buffers): inputs whose buffers steps may write their
+    outputs over. `memory` (HostMemory's methods) holds the buffers.
     `reads` (external_reads(steps), when the caller keeps it): the realised positions to look up.
     Written for the common case, a run nobody times (a training step launches hundreds of kernels)."""
     Realisations.count += 1         # (a scalar given again after this is an iteration's: ops/scalars.py)
@@ -122,19 +124,20 @@ def run(graph, steps, functions, sources, oracle=None, seconds=None, explain=Non
     else:
         buffers = {k: memory.resident(nodes[k]) for k in reads}
     report = profiler.current()
-    timed = seconds is not None or report is not None or flags.DEBUG
+    timed = tune is not None or report is not None or flags.DEBUG
     errors = memory.errors()
+    donors = donations is not None and donations.any
     donating = None
-    if donations is not None and donations.any:
-        donating = donation.Donations(graph, donations, POOL, SLACK_BYTES, keep)
+    if donors or donations is not None and donations.releases:
+        donating = donation.Donations(graph, donations, POOL, SLACK_BYTES)
     allocate, elapsed, finished = memory.allocate, 0.0, 0
     try:
         for k, (step, function, source) in enumerate(zip(steps, functions, sources)):
             positions = step.positions
-            node = nodes[positions[0]]
-            given = donating.donor(k, buffers) if donating is not None and donations.donors[k] else None
+            given = donating.donor(k, buffers) if donors and donations.donors[k] else None
             fresh = given is None
-            out = allocate(node) if fresh else buffers[given]
+            # (no name here holds the node: donation counts the references to nodes)
+            out = allocate(nodes[positions[0]]) if fresh else buffers[given]
             buffers[positions[0]] = out
             if timed:
                 start = time.perf_counter()
@@ -144,8 +147,6 @@ def run(graph, steps, functions, sources, oracle=None, seconds=None, explain=Non
                 elapsed = time.perf_counter() - start
             if not fresh:
                 del buffers[given]
-            if seconds is not None:
-                seconds.append(elapsed)
             if report is not None:
                 report.allocate(out.nbytes if fresh else 0)
                 report.kernel(step.name, source, elapsed, start, origins[k] if origins else None)
@@ -157,9 +158,12 @@ def run(graph, steps, functions, sources, oracle=None, seconds=None, explain=Non
                 _fail(graph, step, site, buffers, explain if fresh else None)     # (a donated input is gone)
             if oracle is not None:
                 oracle(graph, step, buffers, source)
+            if tune is not None and fresh:
+                tune(k, elapsed, buffers)
             finished = k + 1
             for position in dead[k] if dead is not None else ():
-                if not nodes[position].requires_grad and position not in keep:
+                if not nodes[position].requires_grad or (donating is not None and
+                                                         donating.unreachable(position)):
                     dropped = buffers.pop(position)
                     if report is not None:
                         report.free(dropped.nbytes)

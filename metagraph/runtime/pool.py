@@ -83,6 +83,10 @@ class Pool:
         self.held += nbytes
         return raw
 
+    def free_bytes(self):
+        """Bytes of the arrays the pool holds that nobody uses (kept for reuse)."""
+        return sum(size[0] * len(returned) for size, returned in self.returned.items())
+
     def _forget(self, size, raw):
         del self.arrays[size][id(raw)]
         self.held -= size[0]
@@ -96,6 +100,9 @@ class Pool:
         for size, returned in self.returned.items():
             while returned:
                 self._forget(size, returned.pop())
+
+
+HOST = Pool()       # the host's, which the executor allocates from (mg.profile reports it)
 
 
 def _zero_tailed(nbytes, slack):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from metagraph.compiler.provenance import Origin
 from metagraph.errors import ArgumentError
+from metagraph.runtime import pool
 
 
 @dataclass
@@ -92,6 +93,8 @@ class Profile:
         self.collective_seconds = 0.0
         self.transfer_bytes = 0           # copies between the host and a device's memory
         self.transfer_seconds = 0.0
+        self.pool_bytes = 0               # what the host's buffer pool holds at the block's end (its
+        self.pool_free_bytes = 0          # limit: pool.POOL_MAX), and of that, arrays kept for reuse
         self._kernels = {}
         self.events = []          # Event per launch, compile, load, schedule, realisation, ...
         self.threads = {}         # native thread id -> its name, as events were recorded
@@ -166,7 +169,8 @@ class Profile:
                         f"{stats.seconds / stats.calls * 1e6:>9.1f}  {stats.origin}")
         rows.append(f"launches {self.launches}, compiles {self.compiles}, cache hits {self.cache_hits}, "
                     f"allocated {self.bytes_allocated / 2 ** 20:.1f} MiB, "
-                    f"peak {self.peak_bytes / 2 ** 20:.1f} MiB")
+                    f"peak {self.peak_bytes / 2 ** 20:.1f} MiB, buffer pool {self.pool_bytes / 2 ** 20:.1f} "
+                    f"MiB ({self.pool_free_bytes / 2 ** 20:.1f} free)")
         if self.transfer_bytes:
             rows.append(f"transfers {self.transfer_bytes / 2 ** 20:.3f} MiB, "
                         f"{self.transfer_seconds * 1e3:.3f} ms")
@@ -233,14 +237,5 @@ def profile():
         yield report
     finally:
         _active.remove(report)
+        report.pool_bytes, report.pool_free_bytes = pool.HOST.held, pool.HOST.free_bytes()
 
-
-@contextlib.contextmanager
-def suspended():
-    """Nothing inside the block is reported (the backend's own start-up work)."""
-    saved = _active[:]
-    _active.clear()
-    try:
-        yield
-    finally:
-        _active.extend(saved)

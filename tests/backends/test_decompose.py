@@ -9,6 +9,7 @@ from metagraph.codegen.c import CBackend
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import Target, schedule
 from metagraph.ops.table import TABLE
+from metagraph.pipeline.realize import Pipeline
 from tests.backends.conftest import against_oracle
 from tests.helpers import needs
 from tests.ops.test_table import ROW_CASES
@@ -25,7 +26,7 @@ class PartialC(CBackend):
 @pytest.fixture(scope="module")
 def partial():
     needs("c")
-    return PartialC()
+    return Pipeline(PartialC())
 
 
 def _ops(value):
@@ -51,7 +52,8 @@ def _statement_ops(statements):
 def test_left_out_rows_are_decomposed_exactly(partial, name):
     fn, _, arrays = ROW_CASES[name]
     out = fn(*[mg.tensor(a) for a in arrays]).node
-    kernels = [step.kernel for step in schedule(pending_graph([out]), Target(renders=partial.renders))]
+    steps = schedule(pending_graph([out]), Target(renders=partial.generator.renders))
+    kernels = [step.kernel for step in steps]
     assert not _statement_ops(kernels[0].body) & WITHOUT
     against_oracle(partial, [out])
 
@@ -68,4 +70,4 @@ def test_a_row_without_a_decomposition_is_a_clear_error():
         renders = frozenset(TABLE) - {"sin"}
     needs("c")
     with pytest.raises(mg.MetagraphError, match=r"not render the table op 'sin'.*no exact decomposition"):
-        NoSin().realize([mg.rand(3).sin().node])
+        Pipeline(NoSin()).realize([mg.rand(3).sin().node])

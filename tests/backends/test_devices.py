@@ -215,7 +215,7 @@ def test_a_device_without_float64_refuses_the_kernels_that_need_it():
     from metagraph.codegen import opencl
     from metagraph.compiler.graph import pending_graph
     from metagraph.compiler.lower import schedule
-    device = mg.backend._instance("opencl").device
+    device = mg.backend._instance("opencl").generator.device
     without = types.SimpleNamespace(fp64=False, name="a device without cl_khr_fp64",
                                     compute_units=device.compute_units, max_group=device.max_group)
 

@@ -13,6 +13,7 @@ import warnings
 import pytest
 
 import metagraph as mg
+from metagraph.pipeline.realize import Pipeline
 from metagraph.codegen import c, toolchain
 from metagraph.runtime.cache import KernelCache
 from tests.helpers import needs
@@ -148,7 +149,7 @@ def test_compile_error_names_the_source_the_log_and_the_users_line(tmp_path, mon
         raise toolchain.CompileError(f"the C compiler failed on {source_path}")
 
     monkeypatch.setattr(c, "compile_shared", failing)
-    monkeypatch.setattr(mg.backend, "_active", c.CBackend())   # a backend that has loaded nothing
+    monkeypatch.setattr(mg.backend, "_active", Pipeline(c.CBackend()))   # a backend that has loaded nothing
     monkeypatch.setattr(mg.backend._active.cache, "find", lambda key: None)
     x = mg.rand(3)
     y = x * 123.456 + 7  # the line the error must name
@@ -161,7 +162,7 @@ def test_check_mode_catches_a_wrong_kernel(tmp_path, monkeypatch):
     monkeypatch.setattr(mg.flags, "CACHE_DIR", str(tmp_path))
     monkeypatch.setitem(c.OPS, "add", "({0} - {1})")  # a deliberately wrong backend
     needs("c")
-    monkeypatch.setattr(mg.backend, "_active", c.CBackend())   # its kernels stay with this test
+    monkeypatch.setattr(mg.backend, "_active", Pipeline(c.CBackend()))   # its kernels stay with this test
     with pytest.raises(mg.MetagraphError, match=r"METAGRAPH_CHECK: kernel e_3_\w+ gives .*source:"):
         (mg.tensor([1.0, 2.0, 3.0]) + 1.0).numpy()
 
@@ -181,7 +182,7 @@ def test_unwritable_cache_directory_falls_back_to_a_temporary_one(tmp_path, monk
     monkeypatch.setattr(mg.flags, "CACHE_DIR", wanted)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        first, second = c.CBackend(), c.CBackend()
+        first, second = Pipeline(c.CBackend()), Pipeline(c.CBackend())
     used = first.cache.directory
     assert used != wanted and second.cache.directory == used and os.path.isdir(used)
     assert [str(w.message).count(wanted) + str(w.message).count(used) for w in caught] == [2], caught
@@ -201,19 +202,19 @@ def _indexed(backend, compute):
 def test_entry_whose_binary_lacks_the_kernel_is_rebuilt(tmp_path, monkeypatch, backend):
     needs(backend)
     monkeypatch.setattr(mg.flags, "CACHE_DIR", str(tmp_path))
-    kind = type(mg.backend._instance(backend))
-    monkeypatch.setattr(mg.backend, "_active", kind())      # its kernels stay with this test
+    kind = type(mg.backend._instance(backend).generator)
+    monkeypatch.setattr(mg.backend, "_active", Pipeline(kind()))      # its kernels stay with this test
     x = mg.tensor([1.0, 2.0, 3.0])
     stale = _indexed(mg.backend._active, lambda: (x * 5.0 - 1.0).numpy())
     foreign = _indexed(mg.backend._active, lambda: (x.exp() * x).sum().numpy())
     foreign_entry = (tmp_path / "index" / sorted(foreign)[0]).read_text()
     for key in stale:    # a sound binary (its hash matches) that holds some other kernel
         (tmp_path / "index" / key).write_text(foreign_entry)
-    monkeypatch.setattr(mg.backend, "_active", kind())
+    monkeypatch.setattr(mg.backend, "_active", Pipeline(kind()))
     with mg.profile() as prof:
         assert (x * 5.0 - 1.0).tolist() == [4.0, 9.0, 14.0]
     assert prof.compiles == len(stale) and prof.cache_hits == 0
-    monkeypatch.setattr(mg.backend, "_active", kind())
+    monkeypatch.setattr(mg.backend, "_active", Pipeline(kind()))
     with mg.profile() as prof:
         assert (x * 5.0 - 1.0).tolist() == [4.0, 9.0, 14.0]
     assert prof.compiles == 0 and prof.cache_hits == len(stale)     # the entry was rewritten

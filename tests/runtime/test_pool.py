@@ -90,6 +90,21 @@ def test_empty_cache_releases_what_no_one_uses():
     assert (kept == 2).all() and (alive.numpy() == 3).all()
 
 
+def test_the_profile_reports_what_the_pool_holds():
+    x = mg.tensor(np.ones(3 * COUNT, dtype=np.float32))
+    with mg.profile() as prof:
+        kept = x * 2
+        kept.numpy()
+        (x + 1).numpy()                      # its buffer goes back to the pool: free
+    nbytes = x.numpy().nbytes
+    assert prof.pool_bytes >= prof.pool_free_bytes + nbytes and prof.pool_free_bytes >= nbytes
+    assert "buffer pool" in prof.table()
+    mg.empty_cache()
+    with mg.profile() as prof:
+        pass
+    assert prof.pool_free_bytes == 0 and prof.pool_bytes >= nbytes       # `kept` is still in use
+
+
 def test_threads_that_realise_at_once_never_share_an_array():
     x = mg.tensor(np.arange(2 * COUNT, dtype=np.float32))
     want = np.arange(2 * COUNT, dtype=np.float32)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import metagraph as mg
-from metagraph.codegen import compiled
+from metagraph.pipeline import realize
 from tests.helpers import needs
 
 
@@ -20,7 +20,7 @@ def counted(request, monkeypatch):
             calls[name] += 1
             return function(*args, **kwargs)
         return count
-    monkeypatch.setattr(compiled, "schedule", counting("schedule", compiled.schedule))
+    monkeypatch.setattr(realize, "schedule", counting("schedule", realize.schedule))
     active = mg.backend._active
     monkeypatch.setattr(active, "load", counting("load", active.load))
     return calls

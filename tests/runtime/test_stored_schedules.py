@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 import metagraph as mg
 import metagraph.nn.functional as F
 from metagraph import backend, nn
-from metagraph.codegen import compiled, stored
+from metagraph.codegen import stored
+from metagraph.pipeline import realize
 from metagraph.compiler.graph import pending_graph
 from metagraph.errors import IndexOutOfRange
 
@@ -62,12 +63,12 @@ def _forget():
 def lowerings(monkeypatch):
     """How many times `schedule` (lowering) runs."""
     calls = [0]
-    original = compiled.schedule
+    original = realize.schedule
 
     def counted(*args, **kwargs):
         calls[0] += 1
         return original(*args, **kwargs)
-    monkeypatch.setattr(compiled, "schedule", counted)
+    monkeypatch.setattr(realize, "schedule", counted)
     return calls
 
 
@@ -160,14 +161,14 @@ _SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     import metagraph as mg
-    from metagraph.codegen import compiled
+    from metagraph.pipeline import realize
     from runtime.test_stored_schedules import _step_tensors, _values
     calls = [0]
-    original = compiled.schedule
+    original = realize.schedule
     def counted(*args, **kwargs):
         calls[0] += 1
         return original(*args, **kwargs)
-    compiled.schedule = counted
+    realize.schedule = counted
     mg.set_backend("c")
     mg.flags.TUNE = 0
     values = _values(_step_tensors(width=8))
@@ -202,10 +203,10 @@ def test_random_graphs_run_the_same_from_a_stored_schedule(data, monkeypatch):
     instance = _forget()        # (a schedule made before MIN_NODES changed was never stored)
     against_oracle(instance, [out])                 # lowered (or found), and stored
     _forget()
-    lowering, calls = compiled.schedule, []
-    compiled.schedule = lambda *args, **kwargs: calls.append(1) or lowering(*args, **kwargs)
+    lowering, calls = realize.schedule, []
+    realize.schedule = lambda *args, **kwargs: calls.append(1) or lowering(*args, **kwargs)
     try:                        # (monkeypatch would keep it for the next example)
         against_oracle(instance, [out])
     finally:
-        compiled.schedule = lowering
+        realize.schedule = lowering
     assert calls == []

@@ -200,8 +200,8 @@ def test_a_schedule_read_from_disk_names_the_ops_and_lines_of_its_run():
 
 
 def test_realising_from_inside_the_package_is_traced_at_an_unknown_line(monkeypatch):
-    from metagraph.codegen import compiled
-    monkeypatch.setattr(compiled, "user_site", lambda frame: ("<unknown>", 0))     # as a bench run finds
+    from metagraph.pipeline import realize
+    monkeypatch.setattr(realize, "user_site", lambda frame: ("<unknown>", 0))     # as a bench run finds
     x = mg.tensor(np.ones(5, np.float32))
     with mg.profile() as prof:
         (x * 4.5).numpy()

@@ -25,10 +25,11 @@ def fresh_backend(tmp_path, monkeypatch):
     """A factory of C backends over one empty cache directory (each one a new process's)."""
     needs("c")
     from metagraph.codegen.c import CBackend
+    from metagraph.pipeline.realize import Pipeline
     monkeypatch.setattr(mg.flags, "CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(mg.flags, "TUNE", 30)
     monkeypatch.setattr(tuning, "MIN_SECONDS", 0.0)      # the test's kernels are fast
-    return CBackend
+    return lambda: Pipeline(CBackend())
 
 
 def _remembered(backend):
@@ -74,11 +75,12 @@ def _weight_gradient(filters=32, size=8):
 
 @pytest.mark.parametrize("graph", [_conv, _weight_gradient, lambda: _weight_gradient(8, 16)])
 def test_every_variant_computes_the_same_numbers(fresh_backend, monkeypatch, graph):
+    from metagraph.codegen.c import CBackend
     monkeypatch.setattr(mg.flags, "TUNE", 0)
     want = NumpyBackend().realize([graph().node])[0]
     results, names = [], set()
     for target in fresh_backend().tuner.candidates():
-        monkeypatch.setattr(fresh_backend, "target", property(lambda self, target=target: target))
+        monkeypatch.setattr(CBackend, "target", property(lambda self, target=target: target))
         backend = fresh_backend()
         results.append(backend.realize([graph().node])[0])
         names |= {step.name for step in _steps(backend) if tuning.tunable(step)}
@@ -99,6 +101,28 @@ def test_tuning_off_or_out_of_time_times_nothing(fresh_backend, monkeypatch):
     for _ in range(3):
         spent.realize([_conv().node])
     assert _remembered(spent) == []
+
+
+def _conv_chain():
+    rng = np.random.default_rng(7)
+    h = mg.tensor(rng.standard_normal((2, 8, 12, 12)).astype(np.float32))
+    for _ in range(3):
+        h = F.relu(F.conv2d(h, mg.tensor(rng.standard_normal((8, 8, 3, 3)).astype(np.float32)), padding=1))
+    return h.sum()
+
+
+def test_a_tuning_run_holds_no_buffer_longer_than_another_run(fresh_backend, monkeypatch):
+    """Variants are timed just after their kernel ran, on its live inputs: a conv's input goes back
+    to the pool when the next conv has read it, on the tuning run as on any other."""
+    monkeypatch.setattr(tuning.Tuner, "candidates", lambda self: [self.backend.target])   # (quick)
+    backend = fresh_backend()
+    peaks = []
+    for _ in range(3):
+        with mg.profile() as prof:
+            backend.realize([_conv_chain().node])
+        peaks.append(prof.peak_bytes)
+    assert backend.tuner.spent > 0 and _remembered(backend)      # the second run tuned (the convs are alike)
+    assert peaks[0] == peaks[1] == peaks[2]
 
 
 def test_a_cached_schedule_keeps_no_kernel_ir(fresh_backend):

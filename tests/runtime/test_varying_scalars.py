@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import metagraph as mg
-from metagraph.codegen import compiled
+from metagraph.pipeline import realize
 from metagraph.ops import math as math_ops, scalars
 from tests.helpers import needs
 
@@ -23,8 +23,8 @@ def lowerings(request, monkeypatch):
     def counting(*args, **kwargs):
         calls.append(1)
         return schedule(*args, **kwargs)
-    schedule = compiled.schedule
-    monkeypatch.setattr(compiled, "schedule", counting)
+    schedule = realize.schedule
+    monkeypatch.setattr(realize, "schedule", counting)
     return calls
 
 

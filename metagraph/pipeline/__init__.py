@@ -1,0 +1,1 @@
+"""The realisation pipeline: pending graph -> schedule -> render -> compile -> launch -> tune."""

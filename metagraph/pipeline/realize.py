@@ -1,0 +1,296 @@
+"""The pipeline that realises a pending graph on a code generator, stage by stage:
+
+    pending graph -> schedule (compiler/lower.py; cached in memory and on disk, stored.py)
+    -> render -> compile (new kernels only, in batches, one per core at once; the kernel cache)
+    -> launch (runtime/executor.py) -> tune (its second run, tuning.py)
+
+A code generator (codegen/compiled.py's CompiledBackend) provides only render, compile and open
+(its launch) and what its target offers lowering; it knows nothing of schedules, autograd or
+the caches. The pipeline keeps, per generator, the schedules it made and the kernels it loaded.
+"""
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from metagraph import flags
+from metagraph.codegen import library
+from metagraph.codegen.interpreter import NumpyBackend
+from metagraph.codegen.stored import ScheduleStore
+from metagraph.codegen.tuning import Tuner
+from metagraph.compiler import provenance
+from metagraph.compiler.graph import pending_graph
+from metagraph.compiler.lower import schedule
+from metagraph.errors import CompileError, MetagraphError, at
+from metagraph.ops.node import user_site
+from metagraph.runtime import donation, executor, profiler
+
+SCHEDULE_CACHE_SIZE = 4096
+
+
+@dataclass
+class Schedule:
+    """A graph structure's kernel launches: steps with their callables and sources (tuning may
+    replace a step in place) and how many times it has run."""
+    steps: list
+    functions: list
+    sources: list
+    runs: int = 0
+    members: list = None     # per step, the graph positions its kernel computes (provenance.py)
+    dead: list = None        # per step, the buffers no later step reads (executor.dead_after)
+    donations: object = None     # runtime.donation.Plan
+    reads: tuple = None      # the realised positions the steps read (executor.external_reads)
+
+    def origins(self, graph):
+        """What each step computes for `graph` (a provenance.Origin per step): its ops and lines."""
+        if self.members is None:
+            self.members = [provenance.members(graph, step) for step in self.steps]
+        return [provenance.origin(graph, positions) for positions in self.members]
+
+    def prepare(self, graph):
+        """What every run of the schedule needs and no run changes: the buffers each step leaves
+        dead, the donation plan, the realised positions it reads."""
+        last = executor.last_uses(self.steps)
+        self.dead = executor.dead_after(self.steps, graph.outputs, last)
+        self.donations = donation.Plan(graph, self.steps, last, self.dead)
+        self.reads = executor.external_reads(self.steps, graph.outputs)
+
+
+class Pipeline:
+    """Realises graphs on one code generator (`generator`, a codegen.compiled.CompiledBackend)."""
+
+    def __init__(self, generator):
+        self.generator = generator
+        self.name = generator.name
+        self.cache = generator.cache      # runtime.cache.KernelCache
+        self.schedules = {}               # (graph key, library flag) -> Schedule
+        self.functions = {}               # kernel key -> callable
+        self.tuner = Tuner(self)
+        self.stored = ScheduleStore(self)
+
+    @property
+    def target(self):
+        """What the generator offers lowering (compiler/lower.py's Target)."""
+        return self.generator.target
+
+    def render(self, kernels):
+        """The generator's source text of a batch of kernels."""
+        return self.generator.render(kernels)
+
+    # ---- realise -------------------------------------------------------------------------
+    def realize(self, outputs):
+        """Compute the nodes `outputs`; returns their buffers."""
+        began = time.perf_counter()
+        graph = pending_graph(outputs)
+        key = (graph.key, flags.LIBRARY)
+        entry = self.schedules.get(key) or self._stored_schedule(graph) or self._scheduled(graph, began)
+        if key not in self.schedules:
+            if len(self.schedules) >= SCHEDULE_CACHE_SIZE:
+                self.schedules.pop(next(iter(self.schedules)))
+            self.schedules[key] = entry
+        entry.runs += 1
+        if entry.dead is None:
+            entry.prepare(graph)
+        buffers = self._run(graph, entry, outputs)
+        # Values that autograd keeps anyway keep their buffers too, so that reading the loss after
+        # optimizer.step() (or a gradient after the loss) does not compute the forward pass again;
+        # the run dropped those nothing outside the graph can read again (executor.run).
+        nodes = graph.nodes
+        for step in entry.steps:
+            node = nodes[step.positions[0]]
+            if node.requires_grad and node.buffer is None and step.positions[0] in buffers:
+                node.set_buffer(buffers[step.positions[0]])
+        report = profiler.current()
+        if report is not None:
+            path, line = provenance.line_of(user_site(sys._getframe(1)))
+            report.record("realise", "realise", began, time.perf_counter() - began, at=f"{path}:{line}",
+                          values=len(graph.outputs), kernels=len(entry.steps))
+        return [buffers[k] for k in graph.outputs]
+
+    def _run(self, graph, entry, outputs):
+        """Launch the schedule's kernels; on the run tuning wants, each slow kernel's variants are
+        timed just after it ran, while its inputs are live (so the run holds nothing longer)."""
+        tune = None
+        if self.generator.tunable and self.tuner.wanted(entry.runs):
+            names = [step.name for step in entry.steps]
+
+            def tune(k, seconds, buffers):
+                self.tuner.tune(graph, entry, k, buffers, seconds)
+        memory = self.generator.memory_for(outputs)
+        checked = bool(flags.CHECK)      # checking reads every step's inputs: nothing is dropped
+        donations = None if checked or memory is not executor.HOST else entry.donations   # host buffers
+        report = profiler.current()
+        buffers = executor.run(graph, entry.steps, entry.functions, entry.sources,
+                               oracle=check_against_oracle if checked else None, tune=tune,
+                               explain=explain_failure, dead=None if checked else entry.dead,
+                               donations=donations, memory=memory, reads=entry.reads,
+                               origins=entry.origins(graph) if report is not None or flags.DEBUG else None)
+        if tune is not None and names != [step.name for step in entry.steps]:
+            self.stored.save(graph, entry.steps, entry.sources)
+        return buffers
+
+    def _scheduled(self, graph, began):
+        """A new Schedule for `graph`: lowered, its kernels loaded (compiled where new), stored."""
+        steps = schedule(graph, self.target, bool(flags.LIBRARY),
+                         tuned=self.tuner.get if flags.TUNE else None)
+        report = profiler.current()
+        if report is not None:
+            report.record("schedule", "schedule", began, time.perf_counter() - began,
+                          nodes=len(graph.nodes), kernels=len(steps))
+        members = [provenance.members(graph, step) for step in steps]
+        origins = [provenance.origin(graph, positions) for positions in members]
+        if flags.DEBUG >= 3:
+            print("metagraph: new schedule\n" + "\n".join(
+                f"  {k}: {n.op} {n.shape} {n.dtype.name} <- "
+                f"{[graph.position[i.id] for i in n.inputs]}" for k, n in enumerate(graph.nodes)),
+                file=sys.stderr)
+        generated = [step for step in steps if step.library is None]
+        try:
+            compiled = zip(*self.load([step.kernel for step in generated],
+                                      [o for step, o in zip(steps, origins) if step.library is None]))
+            functions, sources = [], []
+            for step in steps:
+                function, source = library.launcher(step.library) if step.library else next(compiled)
+                functions.append(function)
+                sources.append(source)
+        except MetagraphError as error:
+            lines = sorted({at(graph.nodes[step.positions[0]].location) for step in steps})
+            raise type(error)(f"{error}\n(compiling the kernels for values created at "
+                              f"{', '.join(lines)})") from None
+        entry = Schedule([step.compiled() for step in steps], functions, sources, members=members)
+        self.stored.save(graph, entry.steps, entry.sources)
+        return entry
+
+    def _stored_schedule(self, graph):
+        """The Schedule remembered on disk for graphs like `graph` (stored.py), or None."""
+        start = time.perf_counter()
+        found = self.stored.load(graph)
+        if found is None:
+            return None
+        report = profiler.current()
+        if report is not None:
+            report.cache_hits += sum(step.library is None for step in found[0])
+            report.record("load", "schedule from disk", start, time.perf_counter() - start,
+                          kernels=len(found[0]))
+        return Schedule(*found)
+
+    # ---- compile and load ----------------------------------------------------------------
+    def load(self, kernels, origins=()):
+        """(callables, sources) for the kernels, compiling the ones no cache holds (`origins`, a
+        provenance.Origin per kernel, head a compiled file as a comment). An entry whose binary
+        lacks its kernel (stale or foreign: its hash cannot tell) is rebuilt and counted as a
+        compile, as a corrupt one is."""
+        report = profiler.current()
+        sources = [self.render([kernel]) for kernel in kernels]
+        keys = [self.cache.key(source) for source in sources]
+        wanted = list({key: i for i, key in enumerate(keys) if key not in self.functions}.values())
+        missing = [i for i in wanted if self.cache.find(keys[i]) is None]
+        described = {kernel.name: found for kernel, found in zip(kernels, origins)}
+        self._compile([kernels[i] for i in missing], [keys[i] for i in missing], described)
+        compiled = set(missing)
+        stale = [i for i in wanted if not self._open(kernels[i], keys[i], None if i in compiled else report)]
+        self._compile([kernels[i] for i in stale], [keys[i] for i in stale], described)
+        for i in stale:
+            if not self._open(kernels[i], keys[i]):
+                raise CompileError(f"kernel {kernels[i].name} is missing from the binary just built "
+                                   f"for it in {self.cache.directory}")
+        if report is not None:
+            report.compiles += len(missing) + len(stale)
+            report.cache_hits += len(kernels) - len(missing) - len(stale)
+        return [self.functions[key] for key in keys], sources
+
+    def stored_function(self, key, name):
+        """The callable of the cached kernel with `key` and `name`, or None if the cache lacks it."""
+        if key not in self.functions:
+            path = self.cache.find(key)
+            if path is None or not self._opened(key, path, name):
+                return None
+        return self.functions[key]
+
+    def _opened(self, key, path, name):
+        """Load kernel `name` of the binary at `path` into self.functions under `key`; False when
+        the binary lacks it (a stale or foreign binary: its hash cannot tell)."""
+        try:
+            self.functions[key] = self.generator.open(path, name)
+        except AttributeError:
+            return False
+        return True
+
+    def _open(self, kernel, key, report=None):
+        """Load a cached kernel into self.functions; False when its binary lacks the kernel. The
+        load is an event of `report` (a profile) when given."""
+        start = time.perf_counter()
+        path = self.cache.find(key)
+        if path is None:
+            raise CompileError(f"kernel {kernel.name} vanished from the cache directory "
+                               f"{self.cache.directory}")
+        if not self._opened(key, path, kernel.name):
+            return False
+        if report is not None:
+            report.record("load", kernel.name, start, time.perf_counter() - start, path=path)
+        return True
+
+    def _compile(self, kernels, keys, described):
+        """Compile new kernels: one batch per job, the jobs running at once. A batch's source
+        file begins with what `described` (kernel name -> provenance.Origin) says of its kernels,
+        outside the text their keys hash."""
+        if not kernels:
+            return
+        generator = self.generator
+        groups = max(1, min(generator.compile_jobs, len(kernels)))
+        batches = [(kernels[g::groups], keys[g::groups]) for g in range(groups)]
+        report = profiler.current()
+
+        def build(batch):
+            start = time.perf_counter()
+            source = generator.render(batch[0])
+            named = [(kernel.name, described[kernel.name]) for kernel in batch[0] if kernel.name in described]
+            if named:
+                source = provenance.header(named, generator.comment) + source
+            path, _ = self.cache.build(source, batch[1], generator.compile)
+            if report is not None:
+                report.record("compile", f"compile {len(batch[0])} kernel(s)", start,
+                              time.perf_counter() - start, path=path,
+                              kernels=[f"{k.name}: {described.get(k.name, '')}" for k in batch[0]])
+            if flags.DEBUG:
+                print(f"metagraph: compiled {len(batch[0])} kernel(s) into {path}", file=sys.stderr)
+            if flags.DEBUG >= 2:
+                print(source, file=sys.stderr)
+        if groups == 1:
+            build(batches[0])
+            return
+        with ThreadPoolExecutor(groups) as pool:      # threads wait on the toolchain
+            list(pool.map(build, batches))
+
+
+def _oracle(graph, step, buffers):
+    """The kernel's output recomputed by the numpy backend from the kernel's inputs."""
+    known = {graph.nodes[k].id: np.asarray(buffers[k]) for k in step.positions[1:] if k in buffers}
+    known.update({node.id: np.asarray(node.buffer) for node in graph.nodes if node.buffer is not None})
+    return NumpyBackend().realize([graph.nodes[step.positions[0]]], known)[0]
+
+
+def explain_failure(graph, step, buffers):
+    """A kernel reported a failed check (an index out of bounds, a division by zero), which it
+    knows only by number: the numpy backend, computing the same node from the same inputs, raises
+    the same error naming the offending index. Only on that path, so it costs nothing otherwise."""
+    _oracle(graph, step, buffers)
+
+
+def check_against_oracle(graph, step, buffers, source):
+    """METAGRAPH_CHECK=1: recompute the kernel's output with the numpy backend and compare."""
+    position = step.positions[0]
+    root = graph.nodes[position]
+    want = _oracle(graph, step, buffers)
+    got = np.asarray(buffers[position])
+    if root.dtype.is_float:
+        scale = np.nanmax(np.abs(want[np.isfinite(want)]), initial=1.0)
+        same = np.isclose(got, want, rtol=1e-3, atol=1e-5 * scale, equal_nan=True)
+    else:
+        same = got == want
+    if not np.all(same):
+        worst = np.argwhere(~same)[0]
+        raise MetagraphError(f"METAGRAPH_CHECK: kernel {step.name} gives {got[tuple(worst)]} at "
+                             f"{tuple(worst)}, the numpy oracle {want[tuple(worst)]}; source:\n{source}")
