@@ -18,7 +18,7 @@ import hashlib
 import os
 
 from metagraph import flags
-from metagraph.codegen import bang_ops, c
+from metagraph.codegen import bang_ops, clike
 from metagraph.codegen.compiled import CompiledBackend, template, thread_groups
 from metagraph.codegen.toolchain import SharedObjects, compile_shared, probe_vector_math, toolchain_identity
 from metagraph.codegen.walker import op_form
@@ -28,13 +28,13 @@ from metagraph.dtypes import DType
 from metagraph.expr import Expr
 from metagraph.runtime.cache import KernelCache
 
-CTYPE = c.CTYPE
+CTYPE = clike.CTYPE
 HEADER = os.path.join(os.path.dirname(__file__), "templates", "bang_host.h")
 _TEMPLATE = template("bang.j2")
 _MACROS = _TEMPLATE.make_module({"kernels": [], "names": [], "tasks": 1, "capacity": 0, "vector_math": False})
 
 
-class Renderer(c.Renderer):
+class Renderer(clike.Renderer):
     """Spells one kernel's tile plan: scalars as C (global memory through the plan's slots), each
     statement and step as the template's structure."""
 
@@ -86,7 +86,7 @@ class Renderer(c.Renderer):
             self.emit(f"__bang_write_value({s.name}, {s.size}, {self.literal(s.init, s.dtype)});")
 
     def accumulate(self, define, index, op, v, dtype):
-        return op_form(c.COMBINE, op, define.dtype).format(self.read_accumulator(define.name, index), v)
+        return op_form(clike.COMBINE, op, define.dtype).format(self.read_accumulator(define.name, index), v)
 
     # ---- structure and steps -----------------------------------------------------------------
     def statement(self, s, names=None):

@@ -1,9 +1,9 @@
 """The bang backend's op table: each table op as one BANG vector intrinsic over a tile of NRAM lanes
 (`templates/bang_host.h` defines them with the oracle's semantics), looked up by walker.op_form as
-the other backends' tables are; scalar math is the C backend's table.
+the other backends' tables are; scalar math is the C family's table (codegen/clike.py).
 """
 from metagraph import dtypes
-from metagraph.codegen import c
+from metagraph.codegen import clike
 from metagraph.codegen.walker import op_form
 from metagraph.compiler import ir
 
@@ -60,4 +60,4 @@ def intrinsic(step):
 
 def combine(step):
     """The C statement template ({0} op= {1}) of a step that updates scalars or lanes one by one."""
-    return op_form(c.COMBINE, step.operands["op"], step.operands["dtype"])
+    return op_form(clike.COMBINE, step.operands["op"], step.operands["dtype"])

@@ -1,7 +1,6 @@
-"""The llvm backend's per-op tables: each table op, index op and accumulation as LLVM instructions,
-its literals and conversions. float16 and bfloat16 math arrives as float32
-(compiler/decompose.py); bfloat16 is held as its bits (i16), converted by llvm.j2's helpers.
-`Ops` is mixed into the renderer (a walker.Walker), which provides `instruction`.
+"""The llvm backend's tables: each table op, index op and accumulation as LLVM instructions, and
+its literals. float16 and bfloat16 math arrives as float32 (compiler/decompose.py); bfloat16 is
+held as its bits (i16), converted by llvm.j2's helpers.
 """
 import struct
 
@@ -15,8 +14,6 @@ FLOAT_SUFFIX = {"float16": "f16", "float32": "f32", "float64": "f64"}
 COMPARE = {"cmplt": {"signed": "icmp slt", "unsigned": "icmp ult", "bool": "icmp ult", "float": "fcmp olt"},
            "cmpne": {"signed": "icmp ne", "unsigned": "icmp ne", "bool": "icmp ne", "float": "fcmp une"}}
 GREATER = {"signed": "icmp sgt", "unsigned": "icmp ugt", "bool": "icmp ugt"}
-DIVISION = {"idiv": "mg_idiv", "mod": "mg_imod"}
-WIDEN = {"uint8": "zext", "int8": "sext", "int16": "sext", "int32": "sext"}     # to int64
 # the op table: meta-op (or (op, operand dtype or kind)) -> instructions, `;`-separated ({r0}: the
 # first one's result); {t} the operands' type, {rt} the result's, {s} the float suffix, {one} 1
 OPS = {
@@ -34,13 +31,10 @@ OPS = {
     ("max", "float"): "fcmp ogt {t} {0}, {1}; fcmp uno {t} {0}, {0}; or i1 {r1}, {r0}; "      # NaN wins
                       "select i1 {r2}, {t} {0}, {t} {1}",
     "where": "icmp ne i8 {0}, 0; select i1 {r0}, {rt} {1}, {rt} {2}",
-    # integer division in int64 (llvm.j2's helpers): a zero divisor reports the op's error site
-    **{(op, "int64"): f"call i64 @{helper}(i64 {{0}}, i64 {{1}}, ptr %err, i64 {{site}})"
-       for op, helper in DIVISION.items()},
-    **{(op, name): f"{ext} {{t}} {{0}} to i64; {ext} {{t}} {{1}} to i64; "
-                   f"call i64 @{helper}(i64 {{r0}}, i64 {{r1}}, ptr %err, i64 {{site}}); "
-                   "trunc i64 {r2} to {t}"
-       for op, helper in DIVISION.items() for name, ext in WIDEN.items()},
+    "fma": "call {t} @llvm.fma.{s}({t} {0}, {t} {1}, {t} {2})",     # walker.accumulation's: rounded once
+    # integer division, in int64 (walker.apply) by llvm.j2's helpers: a zero divisor reports the op's site
+    "idiv": "call i64 @mg_idiv(i64 {0}, i64 {1}, ptr %err, i64 {site})",
+    "mod": "call i64 @mg_imod(i64 {0}, i64 {1}, ptr %err, i64 {site})",
 }
 # an accumulator's update; accumulating may reorder (what `omp simd reduction` allows the C
 # backend), and llvm.maximum keeps NaN: these vectorise as reductions
@@ -61,7 +55,8 @@ INDEX = {"+": "add i64 {0}, {1}", "-": "sub i64 {0}, {1}", "*": "mul i64 {0}, {1
          ("//", "floor"): "call i64 @mg_floordiv(i64 {0}, i64 {1})",
          ("%", "floor"): "call i64 @mg_floormod(i64 {0}, i64 {1})",
          ("//", "checked"): "call i64 @mg_index_div(i64 {0}, i64 {1}, ptr %err)",
-         ("%", "checked"): "call i64 @mg_index_mod(i64 {0}, i64 {1}, ptr %err)"}
+         ("%", "checked"): "call i64 @mg_index_mod(i64 {0}, i64 {1}, ptr %err)",
+         "widen": "zext i1 {0} to i64", "truth": "icmp ne i64 {0}, 0"}     # i1 <-> i64
 def constant(value, dtype):
     """An LLVM literal of `dtype` (floats as the hex of the double holding the rounded value)."""
     if dtype == dtypes.bfloat16:
@@ -76,38 +71,16 @@ def constant(value, dtype):
     return str(value - (1 << bits) if value >= 1 << (bits - 1) else value)
 
 
-class Ops:
-    """Values of table ops, as instructions."""
-
-    def fields(self, source, dtype):
-        return {"t": LTYPE[source.name], "rt": LTYPE[dtype.name], "s": FLOAT_SUFFIX.get(dtype.name),
-                "one": constant(1, dtype)}
-
-    def convert(self, x, source, target):
-        """C's conversion from `source` to `target` (to bool: != 0)."""
-        if source is target:
-            return x
-        if source == dtypes.bfloat16:        # llvm.j2's helpers, as c_helpers.j2's
-            wide = self.instruction(f"call float @mg_bf16_to_f32(i16 {x})")
-            return self.convert(wide, dtypes.float32, target)
-        if target == dtypes.bfloat16:
-            wide = self.convert(x, source, dtypes.float32)
-            return self.instruction(f"call i16 @mg_f32_to_bf16(float {wide})")
-        s, t = LTYPE[source.name], LTYPE[target.name]
-        if target == dtypes.bool_:
-            test = f"fcmp une {s} {x}, 0.0" if source.is_float else f"icmp ne {s} {x}, 0"
-            return self.instruction(f"zext i1 {self.instruction(test)} to i8")
-        if source.is_float and target.is_float:
-            change = "fpext" if target.itemsize > source.itemsize else "fptrunc"
-            return self.instruction(f"{change} {s} {x} to {t}")
-        if source.is_float:      # x86's conversion: through int32 for the narrow types
-            if target.itemsize < 4:
-                return self.instruction(f"trunc i32 {self.instruction(f'fptosi {s} {x} to i32')} to {t}")
-            return self.instruction(f"fptosi {s} {x} to {t}")
-        signed = source.kind == "i"
-        if target.is_float:
-            return self.instruction(f"{'sitofp' if signed else 'uitofp'} {s} {x} to {t}")
-        if target.itemsize == source.itemsize:
-            return x
-        widen = "sext" if signed else "zext"
-        return self.instruction(f"{widen if target.itemsize > source.itemsize else 'trunc'} {s} {x} to {t}")
+# conversions (walker.conversion's kinds, by the source's dtype kind): {t} the source's type, {rt} the
+# target's; integers of one width are the same value (None)
+CAST = {"nonzero": "icmp ne {t} {0}, 0; zext i1 {r0} to i8",
+        ("nonzero", "float"): "fcmp une {t} {0}, 0.0; zext i1 {r0} to i8",
+        "extend": "zext {t} {0} to {rt}", ("extend", "signed"): "sext {t} {0} to {rt}",
+        ("extend", "float"): "fpext {t} {0} to {rt}", "narrow": "trunc {t} {0} to {rt}",
+        ("narrow", "float"): "fptrunc {t} {0} to {rt}", "same": None,
+        "to float": "uitofp {t} {0} to {rt}", ("to float", "signed"): "sitofp {t} {0} to {rt}",
+        "to integer": "fptosi {t} {0} to {rt}",
+        "to narrow integer": "fptosi {t} {0} to i32; trunc i32 {r0} to {rt}"}
+# storage types: bfloat16 is its bits (i16), converted through float32 by llvm.j2's helpers
+WIDEN = {"bfloat16": "call float @mg_bf16_to_f32(i16 {0})"}
+NARROW = {"bfloat16": "call i16 @mg_f32_to_bf16(float {0})"}

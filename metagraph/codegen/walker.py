@@ -3,13 +3,15 @@
 `Walker` visits a kernel's statements, values and index expressions once and makes every decision
 that is not spelling: which of the three forms an index division takes, which index expressions
 may be evaluated where they are not needed, what a load with a validity condition or a guard
-means, which accumulations are fused multiply-adds, that a scatter into a storage type (float16,
-bfloat16) is read, widened, combined and rounded back. A backend subclasses it and spells each
-construct: its op table (`OPS`: meta-op -> expression template, `INDEX`: index op -> template),
-rendered by `form`, and the hooks below that raise NotImplementedError (a load, a store, a choice,
-a loop). A text backend's `form` formats the template; LLVM's emits one instruction per
-`;`-separated part and returns the SSA name of the last, so the same walk serves C-like text and
-SSA alike.
+means, which accumulations are fused multiply-adds, which conversion a cast is (`conversion`),
+that a storage type (bfloat16, and float16 where a backend holds it as bits) converts through
+float32, that integer division runs in int64, that an update reads, combines and writes back (a
+scatter into a storage type widened and rounded back once). A backend subclasses it and spells
+each construct: its tables (`OPS`: meta-op -> expression template, `INDEX`: index op ->
+template, `CAST`: conversion kind -> template, `WIDEN`/`NARROW`: storage conversions), rendered by
+`form`, and the hooks below that raise NotImplementedError (a load, a store, a choice, a loop). A
+text backend's `form` formats the template; LLVM's emits one instruction per `;`-separated part
+and returns the SSA name of the last, so the same walk serves C-like text and SSA alike.
 
 Templates name their operands {0} {1} {2}, earlier parts of an SSA form {r0} {r1}, and the fields
 of `fields(source, dtype)` (the backend's type names) and {site} (an op's error site).
@@ -21,6 +23,7 @@ from metagraph.compiler.simplify import value_range
 from metagraph.expr import Binary, Const, Extra, Select, Var
 
 BOOLEAN = frozenset({"<", "<=", "==", "!=", "&&", "||"})     # index ops whose result is a truth value
+DIVISIONS = frozenset({"idiv", "mod"})      # table ops computed in int64
 KIND = {"b": "bool", "f": "float", "i": "signed", "u": "unsigned"}
 
 
@@ -48,6 +51,22 @@ def division(expr, extents):
     return "floor" if low > 0 or high < 0 else "checked"
 
 
+def conversion(source, target):
+    """How C converts a value of `source` to `target` (neither a storage type): "nonzero" (to bool),
+    "extend" or "narrow" (to a wider or narrower type of the same family), "same" (integers of one
+    width), "to float" (from an integer), "to integer" (a float truncated toward zero) or "to narrow
+    integer" (the same through int32, as x86 converts to integers narrower than that)."""
+    if target == dtypes.bool_:
+        return "nonzero"
+    if source.is_float == target.is_float:
+        if target.itemsize == source.itemsize:
+            return "same"
+        return "extend" if target.itemsize > source.itemsize else "narrow"
+    if target.is_float:
+        return "to float"
+    return "to narrow integer" if target.itemsize < 4 else "to integer"
+
+
 def op_form(table, op, dtype):
     """A table's template for `op` on operands of `dtype`: the entry for (op, dtype name), else for
     (op, kind: bool, float, signed or unsigned), else for op."""
@@ -58,6 +77,10 @@ class Walker:
     """Walks one kernel's IR; subclasses spell each construct (see the module's docstring)."""
     OPS = {}        # meta-op (or (op, dtype name or kind)) -> template
     INDEX = {}      # index op (("//" or "%", division form) for divisions) -> template
+    # storage types, held as their bits and computed in float32 (bfloat16; float16 in some backends):
+    WIDEN = {}      # storage dtype name -> its value as a float32
+    NARROW = {}     # storage dtype name -> a float32 rounded to it; (name, source name) -> directly
+    CAST = {}       # the other conversions: walker.conversion's kind (or (kind, source dtype or kind))
 
     def __init__(self, kernel):
         self.kernel, self.params, self.extents = kernel, kernel.params, kernel.extents
@@ -79,7 +102,7 @@ class Walker:
 
     def integer(self, value):
         """An int64 constant of an index expression."""
-        raise NotImplementedError
+        return str(value)
 
     def choose(self, cond, then, otherwise, dtype, lazy):
         """then() where cond holds, else otherwise(), of `dtype`; lazy: each may be evaluated only
@@ -103,12 +126,8 @@ class Walker:
         raise NotImplementedError
 
     def index_value(self, index, dtype):
-        """An int64 converted to `dtype` (truncated, to bool too)."""
-        raise NotImplementedError
-
-    def convert(self, x, source, target):
-        """A value converted from `source` to `target` as a C cast does (to bool: != 0)."""
-        raise NotImplementedError
+        """An int64 converted to `dtype`: an integer's truncated, a bool's too (its memory is uint8's)."""
+        return self.convert(index, dtypes.int64, dtypes.uint8 if dtype == dtypes.bool_ else dtype)
 
     # ---- what a backend spells: statements (a text backend may return a line) ------------------
     def loop(self, s, names):
@@ -119,28 +138,16 @@ class Walker:
         """An ir.Define: an accumulator, initialised unless its init is None."""
         raise NotImplementedError
 
-    def accumulate(self, define, index, op, v, dtype):
-        """Accumulator `define` (element `index`) combined by `op` with v, of `dtype`."""
-        raise NotImplementedError
-
-    def fused(self, define, index, a, b, cond):
-        """Accumulator element += a * b, rounded once; only where cond holds when it is not None."""
-        raise NotImplementedError
-
     def write_accumulator(self, name, index, v):
-        """Element `index` of array accumulator `name` set to v."""
+        """Accumulator `name` (its element `index` when it is an array, else index is None) set to v."""
         raise NotImplementedError
 
     def write(self, param, index, v):
         """Element `index` of kernel parameter `param` set to v (of the parameter's dtype)."""
         raise NotImplementedError
 
-    def combine_memory(self, param, index, op, v, dtype):
-        """Element `index` of parameter `param` combined by `op` with v, in the memory's dtype."""
-        raise NotImplementedError
-
-    def widened_update(self, param, index, op, v, wide):
-        """The same for float16 or bfloat16 memory: read as `wide`, combined, rounded back once."""
+    def combine(self, op, a, b, dtype):
+        """a combined with b by an accumulation's `op` (add, mul, max), of `dtype`: a value."""
         raise NotImplementedError
 
     def when(self, cond, update, check):
@@ -172,12 +179,12 @@ class Walker:
         return text if boolean else self.truth(text)
 
     def widen(self, text):
-        """A truth value as an int64."""
-        return text
+        """A truth value as an int64 (INDEX's "widen", where a backend's truth values are not)."""
+        return self.form(self.INDEX["widen"], text) if "widen" in self.INDEX else text
 
     def truth(self, text):
-        """An int64 as a truth value (nonzero)."""
-        return text
+        """An int64 as a truth value, nonzero (INDEX's "truth", where a backend's are not int64s)."""
+        return self.form(self.INDEX["truth"], text) if "truth" in self.INDEX else text
 
     def _index(self, expr):
         """(rendering, whether it is a truth value) of an index expression."""
@@ -250,16 +257,67 @@ class Walker:
         return self.guarded(cond, inner, self.literal(value.fill, value.dtype), value.check, value.dtype)
 
     def apply(self, value, args):
-        """A table op from the backend's OPS (a cast from `convert`)."""
-        source = value.args[0].dtype if value.args else value.dtype
+        """A table op from the backend's OPS (a cast from `convert`). Integer division and modulo
+        are computed in int64 (OPS' int64 form), their operands widened and the result truncated."""
+        source, dtype = (value.args[0].dtype if value.args else value.dtype), value.dtype
         if value.op == "cast":
-            return self.convert(args[0], source, value.dtype)
+            return self.convert(args[0], source, dtype)
+        if value.op in DIVISIONS and source != dtypes.int64:
+            wide = [self.convert(arg, source, dtypes.int64) for arg in args]
+            result = self.form(op_form(self.OPS, value.op, dtypes.int64), *wide, site=value.site,
+                               **self.fields(dtypes.int64, dtypes.int64))
+            return self.convert(result, dtypes.int64, dtype)
         return self.form(op_form(self.OPS, value.op, source), *args, site=value.site,
-                         **self.fields(source, value.dtype))
+                         **self.fields(source, dtype))
 
     def zero(self, dtype):
         """What a load that is not valid gives."""
         return self.literal(0, dtype)
+
+    def accumulate(self, define, index, op, v, dtype):
+        """Accumulator `define` (element `index`) combined by `op` with v, of `dtype`: read,
+        combined, written back (a backend may respell it as an update in place)."""
+        old = self.read_accumulator(define.name, index)
+        new = self.combine(op, old, self.convert(v, dtype, define.dtype), define.dtype)
+        return self.write_accumulator(define.name, index, new)
+
+    def combine_memory(self, param, index, op, v, dtype):
+        """Element `index` of parameter `param` combined by `op` with v, in the memory's dtype."""
+        return self.write(param, index, self.combine(op, self.element(param, index), v, dtype))
+
+    def widened_update(self, param, index, op, v, wide):
+        """Element `index` of float16 or bfloat16 memory combined by `op` with v: read as `wide`,
+        combined, rounded back once."""
+        stored = self.params[param].dtype
+        old = self.convert(self.element(param, index), stored, wide)
+        return self.write(param, index, self.convert(self.combine(op, old, v, wide), wide, stored))
+
+    def convert(self, x, source, target):
+        """x converted from `source` to `target` as C converts (to bool: != 0); a storage type
+        through float32 (WIDEN's, then NARROW's), unless NARROW converts from `source` directly."""
+        if source is target:
+            return x
+        if source.name in self.WIDEN:
+            return self.convert(self.from_storage(x, source), dtypes.float32, target)
+        if (target.name, source.name) in self.NARROW:
+            return self.form(self.NARROW[target.name, source.name], x)
+        if target.name in self.NARROW:
+            return self.to_storage(self.convert(x, source, dtypes.float32), target)
+        return self.cast(x, source, target)
+
+    def cast(self, x, source, target):
+        """x converted from `source` to `target`, neither a storage type: CAST's template for the
+        conversion's kind (by the source's dtype or kind), x itself where that is None."""
+        template = op_form(self.CAST, conversion(source, target), source)
+        return x if template is None else self.form(template, x, **self.fields(source, target))
+
+    def from_storage(self, x, dtype):
+        """A storage type's value as a float32."""
+        return self.form(self.WIDEN[dtype.name], x)
+
+    def to_storage(self, wide, dtype):
+        """A float32 rounded to a storage type."""
+        return self.form(self.NARROW[dtype.name], wide)
 
     # ---- statements ----------------------------------------------------------------------------
     def statement(self, s, names=None):
@@ -279,8 +337,9 @@ class Walker:
         return self.scatter(s, names)
 
     def accumulation(self, s, names):
-        """An Accumulate: a fused multiply-add where compiled.fused_product finds one (made only
-        where its guard's condition holds), else the accumulator combined with the value."""
+        """An Accumulate: a fused multiply-add (OPS' "fma": a * b + c rounded once) where
+        compiled.fused_product finds one (made only where its guard's condition holds), else the
+        accumulator combined with the value."""
         define = self.accumulators[s.name]
         product = fused_product(s, define.dtype)
         if product is None:
@@ -288,7 +347,13 @@ class Walker:
             return self.accumulate(define, index, s.op, self.value(s.value, names), s.value.dtype)
         a, b = (self.value(arg, names) for arg in product[:2])
         cond = None if product[2] is None else self.condition(product[2])
-        return self.fused(define, self.index(s.index), a, b, cond)
+        index = self.index(s.index)
+        old = self.read_accumulator(define.name, index)
+        fields = self.fields(define.dtype, define.dtype)
+        new = self.form(op_form(self.OPS, "fma", define.dtype), a, b, old, **fields)
+        if cond is not None:
+            new = self.choose(cond, lambda: new, lambda: old, define.dtype, lazy=False)
+        return self.write_accumulator(define.name, index, new)
 
     def scatter(self, s, names):
         """A ScatterAccumulate: memory[index] op= value, only where `valid` holds (the index is not

@@ -9,7 +9,7 @@ import pytest
 
 import metagraph as mg
 import metagraph.nn.functional as F
-from metagraph.codegen import bang, c, opencl, toolchain
+from metagraph.codegen import bang, c, clike, opencl, toolchain
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import schedule
 
@@ -61,10 +61,10 @@ def test_float16_loops_carry_no_float16_type_and_vectorise(name, tmp_path):
 
 
 def test_bang_and_opencl_keep_their_float16_types():
-    """Their renderers derive from c.Renderer, not from the c backend's CRenderer: bang's
-    intrinsics select on `_Float16 *`, opencl reads `half` memory."""
+    """Their renderers derive from the C family's (clike.Renderer), not from the c backend's
+    CRenderer: bang's intrinsics select on `_Float16 *`, opencl reads `half` memory."""
     kernel = _kernels(CASES["elementwise_chain"]())[0]
     assert "_Float16 *" in bang.render([kernel])
-    assert opencl.POINTER["float16"] == "half" and c.CTYPE["float16"] == "_Float16"
+    assert opencl.POINTER["float16"] == "half" and clike.CTYPE["float16"] == "_Float16"
     assert c.HOST_CTYPE["float16"] == "uint16_t"
     assert "mg_f16_to_f32" not in opencl.Renderer(kernel).convert("x", mg.float16, mg.float32)

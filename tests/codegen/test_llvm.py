@@ -14,9 +14,10 @@ from tests.helpers import needs
 def test_without_libgomp_parallel_loops_run_on_the_calling_thread(tmp_path, monkeypatch):
     needs("llvm")
     from metagraph.codegen.llvm import LLVMBackend
+    from metagraph.codegen.llvm_toolchain import Toolchain
     from metagraph.pipeline.realize import Pipeline
     monkeypatch.setattr(mg.flags, "CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(LLVMBackend, "_load_library", lambda self, name: False)
+    monkeypatch.setattr(Toolchain, "load_library", lambda self, name: False)
     backend = Pipeline(LLVMBackend())
     x = mg.tensor(np.random.default_rng(0).standard_normal((300, 400)).astype(np.float32))
     out = F.softmax(x * 2 + 1, 1).node                 # its last kernel's outer loop is worth threads

@@ -83,7 +83,8 @@ class PythonSource(Walker):
            "cmpne": "np.uint8({0} != {1})", "and": "({0} & {1})", "or": "({0} | {1})", "xor": "({0} ^ {1})",
            "where": "(({1}) if {0} else ({2}))", "max": "(({0}) if {0} > {1} else ({1}))",
            ("max", "float"): "(({0}) if ({0} != {0} or {0} > {1}) else ({1}))",
-           "idiv": "divide({0}, {1}, err, {site}, False)", "mod": "divide({0}, {1}, err, {site}, True)"}
+           "idiv": "divide({0}, {1}, err, {site}, False)", "mod": "divide({0}, {1}, err, {site}, True)",
+           "fma": "({2} + {0} * {1})"}
     INDEX = {op: f"({{0}} {op} {{1}})" for op in ("+", "-", "*", "<", "<=", "==", "!=")}
     INDEX.update({"&&": "({0} and {1})", "||": "({0} or {1})", "min": "min({0}, {1})", "max": "max({0}, {1})",
                   **{(op, form): f"({{0}} {op} {{1}})" for op in ("//", "%") for form in ("exact", "floor")},
@@ -115,9 +116,6 @@ class PythonSource(Walker):
     def loop_variable(self, axis):
         return f"i{axis}"
 
-    def integer(self, value):
-        return str(value)
-
     def choose(self, cond, then, otherwise, dtype, lazy):
         return f"(({then()}) if {cond} else ({otherwise()}))"
 
@@ -133,11 +131,8 @@ class PythonSource(Walker):
     def read_accumulator(self, name, index):
         return name if index is None else f"{name}[{index}]"
 
-    def index_value(self, index, dtype):
-        return f"{NP[dtype.name]}({index})"
-
-    def convert(self, x, source, target):
-        return x if source is target else f"convert({x}, {NP[target.name]}, {target == dtypes.bool_})"
+    def cast(self, x, source, target):
+        return f"convert({x}, {NP[target.name]}, {target == dtypes.bool_})"
 
     def loop(self, s, names):
         self.emit(f"for i{s.var} in range({s.extent}):")
@@ -155,10 +150,6 @@ class PythonSource(Walker):
         target = self.read_accumulator(define.name, index)
         self.emit(f"{target} = {op_form(self.COMBINE, op, define.dtype).format(target, v)}")
 
-    def fused(self, define, index, a, b, cond):
-        target = f"{define.name}[{index}]"
-        self.emit(f"{target} = {target} + {a} * {b}" + ("" if cond is None else f" if {cond} else {target}"))
-
     def write_accumulator(self, name, index, v):
         self.emit(f"{name}[{index}] = {v}")
 
@@ -168,6 +159,9 @@ class PythonSource(Walker):
     def combine_memory(self, param, index, op, v, dtype):
         target = self.element(param, index)
         self.emit(f"{target} = {op_form(self.COMBINE, op, dtype).format(target, v)}")
+
+    def combine(self, op, a, b, dtype):
+        return op_form(self.COMBINE, op, dtype).format(a, b)
 
     def widened_update(self, param, index, op, v, wide):
         raise mg.Unsupported("the Python port keeps no float16 or bfloat16 memory")
