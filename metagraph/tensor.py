@@ -26,8 +26,11 @@ DEVICE_NAMES = ("cpu", "opencl", "cuda", "mps", "xpu", "hip", "meta")    # to(na
 def _unwrap(x):
     if isinstance(x, Tensor):
         return x.node
+    kind = type(x)
+    if kind is tuple or kind is list:          # (a list, not a generator: arguments are short)
+        return kind([_unwrap(v) for v in x])
     if isinstance(x, (list, tuple)):
-        return type(x)(_unwrap(v) for v in x)
+        return kind(_unwrap(v) for v in x)
     return x
 
 
@@ -221,9 +224,10 @@ class Tensor:
         if not self.requires_grad:
             raise MetagraphError("backward(): this tensor does not require grad and has no "
                                  "history; call requires_grad_() on its inputs first")
+        leaves = []
         grads = autograd.gradients([self.node], [seed_gradient("backward", self, gradient)], create_graph,
-                                   retain_graph)
-        for leaf in autograd.leaves([self.node]):
+                                   retain_graph, leaves=leaves)
+        for leaf in leaves:
             owner = leaf.owner() if leaf.owner is not None else None
             if owner is None or leaf.id not in grads:
                 continue

@@ -11,7 +11,7 @@ from metagraph import dtypes
 from metagraph.errors import ArgumentError, DTypeError, ShapeError, fail
 from metagraph.expr import Const, Var
 from metagraph.ops import scalars
-from metagraph.ops.node import Node
+from metagraph.ops.node import Node, signature
 from metagraph.ops.recorded import recorded
 from metagraph.ops.table import TABLE, apply
 
@@ -163,6 +163,7 @@ def operands(op, *xs, dtype=None):
 
 _FLOATS = frozenset(d for d in dtypes.ALL if d.is_float)
 _INTEGERS = frozenset(d for d in dtypes.ALL if d.is_int)
+SIGNATURE_MEMO_SIZE = 1024        # shapes and dtypes per element-wise row (math.elementwise)
 
 
 def elementwise(row, op=None):
@@ -170,23 +171,52 @@ def elementwise(row, op=None):
     common cases itself: two nodes of one shape and dtype, and a node with a Python scalar of its
     kind (`x + 1`, `x * 0.5`): neither broadcasts nor promotes, so only the row's dtype test is
     left of the checks (a chain of eager `a = a + 1` builds in 1.8 us a step, 2.85 through operands()
-    and apply())."""
+    and apply()). It also gives the node its signature number (node.signature), which the
+    realisation's walk would look up, from a table of its own by shape and dtype; and it keeps
+    the last scalar operand's constant, which a loop's `x + 1` gives again at once."""
     op = op or row
     rule = TABLE[row].dtype
     accepted, result = rule.accepted, rule.result
+    numbers = {}                  # (shape, operand dtype) -> the signature of this row's node
+    # (the last call's operand shape and dtype (the same tuple object along a chain), its node's
+    # signature, its scalar operand and that scalar's constant): one tuple, replaced whole, so that
+    # a thread reads one call's memo, never parts of two
+    last = [(None, None, None, None, None)]
 
     def build(a, b):
         node, scalar = (a, b) if type(a) is Node else (b, a)
-        if type(node) is Node and node.dtype in accepted:
-            kind, given = node.dtype, type(scalar)
-            if given is Node:
-                if scalar.dtype is kind and scalar.shape == node.shape:
-                    return Node(row, (a, b), {}, node.shape, result or kind)
-            elif (given is float or given is int) and kind in _FLOATS or given is int and kind in _INTEGERS:
-                value = _constant(scalar, node.shape, kind, True)
-                inputs = (node, value) if node is a else (value, node)
-                return Node(row, inputs, {}, node.shape, result or kind)
-        return apply(row, *operands(op, a, b))
+        if type(node) is not Node or node.dtype not in accepted:
+            return apply(row, *operands(op, a, b))
+        kind, given, shape = node.dtype, type(scalar), node.shape
+        memo = seen = last[0]
+        if shape is not memo[0] or kind is not memo[1]:
+            memo = (shape, kind, numbers.get((shape, kind)), None, None)
+        if given is Node:
+            if scalar.dtype is not kind or scalar.shape != shape:
+                return apply(row, *operands(op, a, b))
+            inputs = (a, b)
+        elif (given is float or given is int) and kind in _FLOATS or given is int and kind in _INTEGERS:
+            # (the same object: -0.0 is not 0.0; not while some site varies, see ops/scalars.py)
+            if scalar is memo[3] and not scalars.Sites.varying:
+                value = memo[4]
+            else:
+                value = _constant(scalar, shape, kind, True)
+                if value.op == "const":
+                    memo = (shape, kind, memo[2], scalar, value)
+            inputs = (node, value) if node is a else (value, node)
+        else:
+            return apply(row, *operands(op, a, b))
+        built = Node(row, inputs, {}, shape, result or kind)
+        number = memo[2]
+        if number is None:
+            if len(numbers) >= SIGNATURE_MEMO_SIZE:
+                numbers.clear()
+            number = numbers[shape, kind] = signature(built)
+            memo = (shape, kind, number, memo[3], memo[4])
+        built.signature = number
+        if memo is not seen:
+            last[0] = memo
+        return built
     build.__name__ = op
     return build
 

@@ -4,9 +4,11 @@ A node is a meta-op applied to input nodes. It records its shape, dtype and the 
 file:line. Nothing is computed until a backend realises it; then `buffer` holds the data and,
 unless autograd still needs its history, the node forgets its inputs and becomes a `buffer` leaf.
 """
+import contextvars
+import glob
 import itertools
+import os
 import sys
-import threading
 from contextlib import contextmanager
 
 from metagraph.errors import _PACKAGE_DIR, DeviceError, at
@@ -20,15 +22,13 @@ class GradMode:
 _ids = itertools.count()
 
 
-class _Building(threading.local):
-    """Per thread: None, or (where the nodes being built now are created, if known, the outermost
-    composite being built: cross_entropy, not the gather inside it). One attribute, so that a node
-    built outside both (an eager `a + 1`) reads the thread-local once. A class default, not
-    getattr(..., None): a missing thread-local attribute costs a caught AttributeError per node."""
-    context = None
-
-
-_building = _Building()
+# Per thread (and asyncio task): None, or (where the nodes being built now are created, if known,
+# the outermost composite being built: cross_entropy, not the gather inside it). One value, so that a
+# node built outside both (an eager `a + 1`) reads it once; a context variable, whose bound get()
+# costs 13 ns where a threading.local's attribute costs 40. Restored by value, not by token (a
+# token may not be reset in another context).
+_building = contextvars.ContextVar("metagraph_building", default=None)
+_building_now = _building.get
 
 
 def labelled(node, own):
@@ -50,25 +50,25 @@ def built_for_gradient(node, rule, grad):
     name = _GRADIENT_NAMES.get(forward)
     if name is None:
         name = _GRADIENT_NAMES[forward] = forward + "_backward"
-    outer = _building.context
-    _building.context = (None if outer is None else outer[0], name)
+    outer = _building_now()
+    _building.set((None if outer is None else outer[0], name))
     try:
         return rule(grad, node, *node.inputs)
     finally:
-        _building.context = outer
+        _building.set(outer)
 
 
 def built_as(name, composite, args, kwargs):
     """composite(*args, **kwargs), whose nodes record the composite `name` (what profiles and
     run-time errors name) unless a composite outside it is being built already."""
-    outer = _building.context
+    outer = _building_now()
     if outer is not None and outer[1] is not None:
         return composite(*args, **kwargs)
-    _building.context = (None if outer is None else outer[0], name)
+    _building.set((None if outer is None else outer[0], name))
     try:
         return composite(*args, **kwargs)
     finally:
-        _building.context = outer
+        _building.set(outer)
 
 
 def reported_op(node):
@@ -79,14 +79,18 @@ def reported_op(node):
 def replay_context(name):
     """(where a node built now is created: the user's line as a site, see `user_site`, or the one
     located() gives; the outermost composite being built, else `name`), for composite `name`
-    replaying its nodes: one thread-local read per replay."""
-    context = _building.context
+    replaying its nodes: one read of the building context per replay."""
+    context = _building_now()
     if context is None:
         return user_site(sys._getframe(2)), name   # past this function and its caller
     return context[0] or user_site(sys._getframe(2)), context[1] or name
 
 
 _PACKAGE_FILES = set()     # the file names of the package's code met so far
+# The package's own programs (`python -m metagraph.bench` and the workloads it runs): users of the
+# package, not part of it. The nodes they build record their lines, as a user's script's do (not
+# runpy's, where the walk out of the package ended), and their scalars are a user's (ops/scalars.py).
+PROGRAM_FILES = frozenset(glob.glob(os.path.join(_PACKAGE_DIR, "bench*.py")))
 
 
 def user_site(frame):
@@ -99,7 +103,7 @@ def user_site(frame):
     while frame is not None:
         name = frame.f_code.co_filename
         if name not in _PACKAGE_FILES:
-            if not name.startswith(_PACKAGE_DIR):
+            if not name.startswith(_PACKAGE_DIR) or name in PROGRAM_FILES:
                 break
             _PACKAGE_FILES.add(name)
         frame = frame.f_back
@@ -121,12 +125,12 @@ def file_and_line(site):
 def located(location):
     """Nodes built inside record `location` rather than each walking the stack to find it (the
     backward pass and an optimizer's step build thousands of nodes from one user line)."""
-    outer = _building.context
-    _building.context = (location, None if outer is None else outer[1])
+    outer = _building_now()
+    _building.set((location, None if outer is None else outer[1]))
     try:
         yield
     finally:
-        _building.context = outer
+        _building.set(outer)
 
 
 def _mixed_devices(op, device, other, node):
@@ -143,19 +147,29 @@ class Node:
 
     def __init__(self, op, inputs, attrs, shape, dtype, requires_grad=None, buffer=None, location=None,
                  composite=None, device=None):
+        if type(inputs) is not tuple:
+            inputs = tuple(inputs)
         self.op = op
-        self.inputs = inputs = tuple(inputs)
+        self.inputs = inputs
         self.attrs = attrs
-        self.shape = tuple(shape)
+        self.shape = shape if type(shape) is tuple else tuple(shape)
         self.dtype = dtype
         # where the user created it: `location`, the one located() gives, or the user's frame
         # (inlined current_location: this runs for every node); and the outermost composite
         # building it (conv2d, not the reindex inside it), or None: what profiles and errors name.
-        # A replay gives both, and reads no thread-local.
+        # A replay gives both, and reads no context.
         if location is None:
-            context = _building.context
-            if context is None:
-                self.site = user_site(sys._getframe(1))
+            context = _building_now()
+            if context is None:         # user_site(sys._getframe(1)), inlined: a call costs 50 ns
+                frame = sys._getframe(1)
+                while frame is not None:
+                    name = frame.f_code.co_filename
+                    if name not in _PACKAGE_FILES:
+                        if not name.startswith(_PACKAGE_DIR) or name in PROGRAM_FILES:
+                            break
+                        _PACKAGE_FILES.add(name)
+                    frame = frame.f_back
+                self.site = ("<unknown>", 0) if frame is None else (frame.f_code, frame.f_lasti)
             else:
                 self.site = context[0] or user_site(sys._getframe(1))
                 composite = composite or context[1]
@@ -164,21 +178,21 @@ class Node:
         self.composite = composite
         # the device its value lives on ("cpu", "opencl": metagraph.device's names), that of its
         # inputs unless given; None for a constant or a table built on the host, which goes with
-        # whatever reads it (and is computed on the CPU when nothing does)
-        if device is None:
+        # whatever reads it (and is computed on the CPU when nothing does). Whether it requires
+        # grad: whether an input does, unless given. One walk over the inputs for both.
+        if device is None or requires_grad is None:
+            given, grad = device, False
             for source in inputs:
                 other = source.device
-                if other is not None and other is not device:
+                if other is not None and other is not device and given is None:
                     if device is not None:
                         _mixed_devices(composite or op, device, other, self)
                     device = other
-        self.device = device
-        if requires_grad is None:
-            requires_grad = False
-            for source in inputs:
                 if source.requires_grad:
-                    requires_grad = GradMode.enabled and dtype.is_float
-                    break
+                    grad = True
+            if requires_grad is None:
+                requires_grad = grad and GradMode.enabled and dtype.is_float
+        self.device = device
         self.requires_grad = requires_grad
         self.leaf = not inputs           # autograd stops at leaves
         self.buffer = buffer
@@ -293,8 +307,16 @@ def _comparable(value):
 
 
 def _math():
-    from metagraph.ops import math
-    return math
+    """metagraph.ops.math, which builds on this module (imported once: an import statement per
+    node arithmetic call cost more than the call)."""
+    global _MATH
+    if _MATH is None:
+        from metagraph.ops import math
+        _MATH = math
+    return _MATH
+
+
+_MATH = None
 
 
 def detach(node):

@@ -31,6 +31,7 @@ The table of sites is bounded (SITE_TABLE_SIZE, oldest forgotten first).
 import os
 
 from metagraph.errors import _PACKAGE_DIR
+from metagraph.ops.node import PROGRAM_FILES
 
 SITE_TABLE_SIZE = 4096
 SITE_VALUES = 1024
@@ -94,7 +95,7 @@ def _user_call(frame):
         code = frame.f_code
         path += (id(code), frame.f_lasti)
         name = code.co_filename
-        if not name.startswith(_PACKAGE_DIR):
+        if not name.startswith(_PACKAGE_DIR) or name in PROGRAM_FILES:
             return tuple(path)
         if name not in WRAPPERS:
             return None
