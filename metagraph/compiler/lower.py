@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass, field, replace
 
 from metagraph import dtypes
-from metagraph.compiler import cascade, contraction, decompose, gather, ir, lanes, rewrites, rows
+from metagraph.compiler import (cascade, contraction, decompose, flat_rows, gather, hoist, ir, lanes,
+                                rewrites, rows)
 from metagraph.compiler.fusion import allow_depth, materialised
 from metagraph.compiler.nest import ACC_REGISTERS, TILE_FILL, Nest
 from metagraph.compiler.simplify import simplify, substitute
@@ -450,12 +451,14 @@ class _Lowering:
         params = [param for _, param in self.params]
         body = rewrites.scheduled(body, self.extents, params, self.target.threads)
         body = lanes.lanes_along_reductions(body, self.extents, self.target.lane_gain)
+        body = flat_rows.flattened(body, self.extents, params)
         positions = [position for position, _ in self.params]
         element_wise = kind == "e" and not self.prologues and not _defines_block(body)
         in_place = tuple(k for k, identical in self.identical_reads.items() if identical and element_wise)
         if in_place:
             shared = {self.root, *in_place}
             params = [replace(param, shared=True) if k in shared else param for k, param in self.params]
+        body = hoist.hoisted(body, params)
         shape = "x".join(map(str, node.shape)) or "scalar"
         digest = hashlib.sha1(ir.describe((body, params)).encode()).hexdigest()[:8]
         kernel = ir.Kernel(f"{kind}_{shape}_{digest}", params, body, dict(self.extents))

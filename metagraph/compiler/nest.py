@@ -340,7 +340,8 @@ class Nest:
 
     def row_block(self, node, value, store):
         """The trailing output dimensions as the block, as many as fit in ROW_MAX elements and at
-        least ROW_MIN (a _Block), the first dimension kept outside as the parallel loop. A row
+        least ROW_MIN (a _Block), the first dimension kept outside as the parallel loop where the
+        dimensions after it hold more than one element. A row
         longer than ROW_MAX is first cut into tiles of up to ROW_MAX elements (a divisor of its
         length, at least 64; a row with no such divisor is not cut). None when the block's
         vectorised loop would not read contiguously."""
@@ -352,7 +353,9 @@ class Nest:
                 outer.append(row)
         block, size = [], 1
         for d in reversed(outer):
-            if size * self.extents[d] > ROW_MAX or (d == 0 and len(outer) > 1):   # keep a parallel loop
+            # keep a parallel loop, unless the block has nothing but dimensions of one element (a
+            # per-channel sum over 1x1 planes, (512, 1, 1): dot products read 512 floats apart)
+            if size * self.extents[d] > ROW_MAX or (d == 0 and len(outer) > 1 and size > 1):
                 break
             block.insert(0, d)
             size *= self.extents[d]

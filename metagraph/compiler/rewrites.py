@@ -42,9 +42,15 @@ def fresh_variable(extents):
 
 
 def rewritten_body(body, mapping, extents):
-    """Statements with their index expressions' variables replaced (`mapping`), simplified."""
-    return [ir.rewritten_statement(s, lambda expr: simplify(substitute(expr, mapping), extents))
-            for s in body]
+    """Statements with their index expressions' variables replaced (`mapping`), simplified (each
+    distinct expression once: the loads of an element-wise kernel share their indices)."""
+    done = {}
+
+    def rewrite(expr):
+        if expr not in done:
+            done[expr] = simplify(substitute(expr, mapping), extents)
+        return done[expr]
+    return [ir.rewritten_statement(s, rewrite) for s in body]
 
 
 def split(loop, factor, extents):

@@ -1,7 +1,7 @@
-"""Schedule rewrites (compiler/rewrites.py, lanes.py) keep every kernel's values: random legal sequences of
-split, interchange, unroll-and-jam, stage and lane splits on the kernels of random graphs, on every
-code generator, against the numpy oracle; and the panel and lane rules apply where they should and
-nowhere else."""
+"""Schedule rewrites (compiler/rewrites.py, lanes.py, hoist.py, flat_rows.py) keep every kernel's
+values: random legal sequences of split, interchange, merge, vectorise, unroll-and-jam, stage, hoist
+and lane splits on the kernels of random graphs, on every code generator, against the numpy oracle;
+and the panel and lane rules apply where they should and nowhere else."""
 import math
 import os
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import metagraph as mg
 from metagraph.codegen import stored
-from metagraph.compiler import ir, lanes, rewrites
+from metagraph.compiler import flat_rows, hoist, ir, lanes, rewrites
 from metagraph.compiler.access import loop_variables
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import Target, schedule
@@ -68,6 +68,22 @@ def _moves(body, extents, params):
             size = np.prod([inside[v] for v in loop_variables(read) if v in inside])
             if not params[read.param].output and size <= STAGE_MAX:
                 yield path, "stage", read
+        for count in range(1, len(loop.body)):
+            if hoist.movable(loop, count, params):
+                yield path, "hoist", count
+        if _legal(lambda: flat_rows.merge(loop, dict(extents))):
+            yield path, "merge", None
+        if _legal(lambda: flat_rows.vectorise(loop, params)):
+            yield path, "vectorise", None
+
+
+def _legal(apply):
+    """Whether a primitive applies (it raises ValueError where it does not)."""
+    try:
+        apply()
+    except ValueError:
+        return False
+    return True
 
 
 def _lane_moves(body, path=()):
@@ -135,7 +151,13 @@ def _random_rewrites(choices):
             if name == "unroll_and_jam":
                 body = _replaced(body, path, rewrites.unroll_and_jam(_at(body, path), extents))
                 continue
+            if name == "hoist":
+                moved, rest = hoist.hoist(_at(body, path), argument, params)
+                body = _replaced(body, path, moved + [rest])
+                continue
             make = {"split": lambda loop: rewrites.split(loop, argument, extents),
+                    "merge": lambda loop: flat_rows.merge(loop, extents),
+                    "vectorise": lambda loop: flat_rows.vectorise(loop, params),
                     "interchange": rewrites.interchange,
                     "stage": lambda loop: rewrites.stage(loop, argument, extents, f"stage{n}")}[name]
             body = _applied(body, path, make)
