@@ -14,7 +14,7 @@ METAGRAPH_LIBRARY      1: contractions that are einsums (matmul, linear, 1x1 con
                        numpy links instead of generated code (off by default; settable at run time)
 METAGRAPH_TUNE         seconds a process may spend timing variants of its slow register-tiled
                        kernels, on a schedule's second run, to remember the fastest on disk
-                       (default 5; 0: the heuristic choice, no timing; codegen/tuning.py)
+                       (default 5; 0: the heuristic choice, no timing; pipeline/tuning.py)
 METAGRAPH_BANG_NRAM    bytes of on-chip scratchpad a `bang` kernel tiles for (default 512 KiB)
 CC                     the C compiler (default cc)
 """

@@ -47,7 +47,7 @@ class Step:
 
     @classmethod
     def restored(cls, name, blocked, **fields):
-        """A compiled step read back from disk (codegen/stored.py), with no IR to derive its name
+        """A compiled step read back from disk (pipeline/stored.py), with no IR to derive its name
         and `blocked` from."""
         step = object.__new__(cls)
         step.__dict__.update(kernel=None, name=name, blocked=blocked, **fields)

@@ -1,6 +1,6 @@
 """The pipeline that realises a pending graph on a code generator, stage by stage:
 
-    pending graph -> schedule (compiler/lower.py; cached in memory and on disk, stored.py)
+    pending graph -> schedule (compiler/lower.py; cached in memory and on disk: stored.py here)
     -> render -> compile (new kernels only, in batches, one per core at once; the kernel cache)
     -> launch (runtime/executor.py) -> tune (its second run, tuning.py)
 
@@ -18,13 +18,13 @@ import numpy as np
 from metagraph import flags
 from metagraph.codegen import library
 from metagraph.codegen.interpreter import NumpyBackend
-from metagraph.codegen.stored import ScheduleStore
-from metagraph.codegen.tuning import Tuner
 from metagraph.compiler import provenance
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import schedule
 from metagraph.errors import CompileError, MetagraphError, at
 from metagraph.ops.node import user_site
+from metagraph.pipeline.stored import ScheduleStore
+from metagraph.pipeline.tuning import Tuner
 from metagraph.runtime import donation, executor, profiler
 
 SCHEDULE_CACHE_SIZE = 4096

@@ -8,8 +8,8 @@ written to a temporary name and renamed, so a killed process leaves no half-writ
 temporary file, which the first write of a later process removes once it is STALE_SECONDS old. An
 entry whose object is missing or does not match its hash is rebuilt (so is one whose object lacks
 the kernel: codegen/compiled.py). tuning/<key of a kernel name> holds the tile parameters that
-timing chose for that kernel (codegen/tuning.py), as text; schedules/<digest>.json the schedules
-of graph structures (codegen/stored.py). A directory that cannot be written
+timing chose for that kernel (pipeline/tuning.py), as text; schedules/<digest>.json the schedules
+of graph structures (pipeline/stored.py). A directory that cannot be written
 (a read-only home, a parent that cannot be created) is replaced by a private temporary one, with a
 warning, for the rest of the process.
 """

@@ -10,11 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import metagraph as mg
-from metagraph.codegen import stored
 from metagraph.compiler import hoist, ir, rewrites
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import Target, schedule
 from metagraph.expr import Var
+from metagraph.pipeline import stored
 from tests.backends.conftest import BACKENDS, against_oracle
 from tests.backends.test_rewrites import COMPILED, SETTINGS, _random_rewrites
 

@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import metagraph as mg
-from metagraph.codegen import stored
 from metagraph.compiler import flat_rows, hoist, ir, lanes, rewrites
 from metagraph.compiler.access import loop_variables
 from metagraph.compiler.graph import pending_graph
@@ -19,6 +18,7 @@ from metagraph.compiler.lower import Target, schedule
 from metagraph.expr import Var
 from metagraph.ops.linalg import matmul
 from metagraph.ops.loss import softmax
+from metagraph.pipeline import stored
 from tests.backends.conftest import BACKENDS, against_oracle
 from tests.backends.test_random_graphs import _graph
 

@@ -1,4 +1,4 @@
-"""Schedules remembered on disk (codegen/stored.py): a graph structure any process has realised is
+"""Schedules remembered on disk (pipeline/stored.py): a graph structure any process has realised is
 not lowered again, and a stored schedule that cannot be trusted is never used."""
 import json
 import os
@@ -14,10 +14,9 @@ from hypothesis import strategies as st
 import metagraph as mg
 import metagraph.nn.functional as F
 from metagraph import backend, nn
-from metagraph.codegen import stored
-from metagraph.pipeline import realize
 from metagraph.compiler.graph import pending_graph
 from metagraph.errors import IndexOutOfRange
+from metagraph.pipeline import realize, stored
 
 pytestmark = pytest.mark.usefixtures("_c_backend")
 

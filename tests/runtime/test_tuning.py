@@ -8,8 +8,8 @@ import pytest
 
 import metagraph as mg
 import metagraph.nn.functional as F
-from metagraph.codegen import tuning
 from metagraph.codegen.interpreter import NumpyBackend
+from metagraph.pipeline import tuning
 from tests.helpers import needs
 
 
@@ -114,7 +114,7 @@ def _conv_chain():
 def test_a_tuning_run_holds_no_buffer_longer_than_another_run(fresh_backend, monkeypatch):
     """Variants are timed just after their kernel ran, on its live inputs: a conv's input goes back
     to the pool when the next conv has read it, on the tuning run as on any other."""
-    monkeypatch.setattr(tuning.Tuner, "candidates", lambda self: [self.backend.target])   # (quick)
+    monkeypatch.setattr(tuning.Tuner, "candidates", lambda self: [self.pipeline.target])   # (quick)
     backend = fresh_backend()
     peaks = []
     for _ in range(3):

@@ -33,11 +33,11 @@ def tunable(step):
 
 
 class Tuner:
-    """A backend's tuning: its remembered choices (in the kernel cache) and this process's time."""
+    """A pipeline's tuning: its remembered choices (in the kernel cache) and this process's time."""
 
-    def __init__(self, backend):
-        self.backend = backend
-        self.cache = backend.cache
+    def __init__(self, pipeline):
+        self.pipeline = pipeline
+        self.cache = pipeline.cache
         self.spent = 0.0
 
     def candidates(self):
@@ -45,7 +45,7 @@ class Tuner:
         no reading past buffer ends (so no rounding up to whole vectors), channel tiles for every
         row short of whole vectors or for none, and lane accumulators wherever they save vector
         instructions or nowhere (variants that render the same kernel are timed once)."""
-        target = self.backend.target
+        target = self.pipeline.target
         return [target, replace(target, registers=target.registers // 2),
                 replace(target, registers=target.registers * 3 // 4), replace(target, slack=0),
                 replace(target, tile_fill=1.0), replace(target, tile_fill=0.0),
@@ -61,7 +61,7 @@ class Tuner:
         if len(parts) != len(_TUNED):
             return None          # written by another version: tuned again
         chosen = {field: kind(part) for (field, kind), part in zip(_TUNED, parts)}
-        return replace(self.backend.target, **chosen)
+        return replace(self.pipeline.target, **chosen)
 
     def wanted(self, run):
         """Whether a schedule's `run`-th run (from 1) should be timed for tuning: its second."""
@@ -91,11 +91,11 @@ class Tuner:
         variants, seen = [], set()
         for choice in self.candidates():
             other = relower(graph, step, choice)
-            source = self.backend.render([other.kernel])
+            source = self.pipeline.render([other.kernel])
             if source not in seen:
                 seen.add(source)
                 variants.append((choice, other))
-        functions, sources = self.backend.load([other.kernel for _, other in variants])
+        functions, sources = self.pipeline.load([other.kernel for _, other in variants])
         timed = []
         for (choice, other), function, source in zip(variants, functions, sources):
             timed.append((self.time(function, other, graph, buffers), choice, other, function, source))

@@ -74,25 +74,25 @@ def graph_digest(graph, context):
         text = _node_text(entry[0], node)
         if text is None:
             return None
-        lines.append(f"{text} <- {entry[1]}")
+        lines.append(f"{text} <- {entry[1:]}")
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 class ScheduleStore:
-    """The schedules of one backend (a codegen.compiled.CompiledBackend) under its cache."""
+    """The schedules of one pipeline (pipeline.realize.Pipeline: a code generator) under its cache."""
 
-    def __init__(self, backend):
-        self.backend = backend
-        self.directory = os.path.join(backend.cache.directory, "schedules")
+    def __init__(self, pipeline):
+        self.pipeline = pipeline
+        self.directory = os.path.join(pipeline.cache.directory, "schedules")
 
     def _path(self, graph):
         if len(graph.nodes) < MIN_NODES:
             return None
-        target = [(f.name, getattr(self.backend.target, f.name)) for f in fields(self.backend.target)]
+        target = [(f.name, getattr(self.pipeline.target, f.name)) for f in fields(self.pipeline.target)]
         target = [(name, sorted(value) if isinstance(value, frozenset) else value) for name, value in target]
-        context = (f"format {FORMAT} cache {CACHE_VERSION} backend {self.backend.name} "
+        context = (f"format {FORMAT} cache {CACHE_VERSION} backend {self.pipeline.name} "
                    f"library {flags.LIBRARY} nram {flags.BANG_NRAM} target {target}\n"
-                   f"{self.backend.cache.identity}\n{code_identity()}")
+                   f"{self.pipeline.cache.identity}\n{code_identity()}")
         digest = graph_digest(graph, context)
         return None if digest is None else os.path.join(self.directory, digest + ".json")
 
@@ -117,7 +117,7 @@ class ScheduleStore:
                 "library": None if spec is None else [spec.name, spec.subscripts, spec.operand_shapes,
                                                       spec.output_shape, spec.operand_dtype.name],
                 "lowering": lowering, "tuned_from": step.tuned_from, "in_place": list(step.in_place),
-                "key": None if spec is not None else self.backend.cache.key(source),
+                "key": None if spec is not None else self.pipeline.cache.key(source),
                 "source": source})
         try:
             os.makedirs(self.directory, exist_ok=True)
@@ -154,7 +154,7 @@ class ScheduleStore:
                                           tuple(output_shape), dtypes.as_dtype(operand_dtype))
                 function, source = library.launcher(spec)
             else:
-                function, source = self.backend.stored_function(record["key"], record["name"]), \
+                function, source = self.pipeline.stored_function(record["key"], record["name"]), \
                     record["source"]
                 if function is None:
                     return None
