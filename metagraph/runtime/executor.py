@@ -8,8 +8,7 @@ from metagraph import flags
 from metagraph.errors import MetagraphError, OutOfMemory, at
 from metagraph.ops.node import reported_op
 from metagraph.ops.scalars import Realisations
-from metagraph.runtime import donation, profiler
-from metagraph.runtime import pool
+from metagraph.runtime import donation, pool, profiler
 
 # Every buffer run() allocates has this many zero bytes past its end, which kernels may read (a
 # register tile's lanes past its row) and never write: the schedule is told so (lower.schedule).
