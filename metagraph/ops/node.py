@@ -160,16 +160,8 @@ class Node:
         # A replay gives both, and reads no context.
         if location is None:
             context = _building_now()
-            if context is None:         # user_site(sys._getframe(1)), inlined: a call costs 50 ns
-                frame = sys._getframe(1)
-                while frame is not None:
-                    name = frame.f_code.co_filename
-                    if name not in _PACKAGE_FILES:
-                        if not name.startswith(_PACKAGE_DIR) or name in PROGRAM_FILES:
-                            break
-                        _PACKAGE_FILES.add(name)
-                    frame = frame.f_back
-                self.site = ("<unknown>", 0) if frame is None else (frame.f_code, frame.f_lasti)
+            if context is None:
+                self.site = user_site(sys._getframe(1))
             else:
                 self.site = context[0] or user_site(sys._getframe(1))
                 composite = composite or context[1]
