@@ -1,8 +1,14 @@
 """Errors raised to the user, and where in the user's code a graph node was created."""
+import glob
 import os
 import sys
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# The package's own programs (`python -m metagraph.bench` and the workloads it runs): users of the
+# package, not part of it. Errors and the nodes they build name their lines, as a user's script's
+# (not runpy's, where a walk out of the package would end), and their scalars are a user's
+# (ops/scalars.py).
+PROGRAM_FILES = frozenset(glob.glob(os.path.join(_PACKAGE_DIR, "bench*.py")))
 
 
 class MetagraphError(RuntimeError):
@@ -49,7 +55,10 @@ def user_location(first=2):
     new node: a filename test per frame, never a set of code objects (hashing a code object hashes
     its bytecode and constants: 8-40 us for a script's module-level code, where training loops live)."""
     frame = sys._getframe(first)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(_PACKAGE_DIR) or name in PROGRAM_FILES:
+            break
         frame = frame.f_back
     if frame is None:
         return ("<unknown>", 0)

@@ -5,13 +5,11 @@ file:line. Nothing is computed until a backend realises it; then `buffer` holds 
 unless autograd still needs its history, the node forgets its inputs and becomes a `buffer` leaf.
 """
 import contextvars
-import glob
 import itertools
-import os
 import sys
 from contextlib import contextmanager
 
-from metagraph.errors import _PACKAGE_DIR, DeviceError, at
+from metagraph.errors import _PACKAGE_DIR, PROGRAM_FILES, DeviceError, at
 
 
 class GradMode:
@@ -86,11 +84,7 @@ def replay_context(name):
     return context[0] or user_site(sys._getframe(2)), context[1] or name
 
 
-_PACKAGE_FILES = set()     # the file names of the package's code met so far
-# The package's own programs (`python -m metagraph.bench` and the workloads it runs): users of the
-# package, not part of it. The nodes they build record their lines, as a user's script's do (not
-# runpy's, where the walk out of the package ended), and their scalars are a user's (ops/scalars.py).
-PROGRAM_FILES = frozenset(glob.glob(os.path.join(_PACKAGE_DIR, "bench*.py")))
+_PACKAGE_FILES = set()     # the file names of the package's code met so far (not PROGRAM_FILES)
 
 
 def user_site(frame):

@@ -30,8 +30,7 @@ The table of sites is bounded (SITE_TABLE_SIZE, oldest forgotten first).
 """
 import os
 
-from metagraph.errors import _PACKAGE_DIR
-from metagraph.ops.node import PROGRAM_FILES
+from metagraph.errors import _PACKAGE_DIR, PROGRAM_FILES
 
 SITE_TABLE_SIZE = 4096
 SITE_VALUES = 1024

@@ -1,10 +1,14 @@
-"""Where a node says it was created (ops/node.py): the user's line, also for the package's own
-benchmark programs, and per thread while another thread builds inside `located()`."""
+"""Where a node says it was created (ops/node.py), and which line an error names: the user's,
+also for the package's own benchmark programs, and per thread while another thread builds inside
+`located()`."""
 import os
 import threading
 
+import pytest
+
 import metagraph as mg
-from metagraph.ops.node import PROGRAM_FILES, located
+from metagraph.errors import PROGRAM_FILES
+from metagraph.ops.node import located
 
 
 def test_nodes_a_benchmark_program_builds_record_its_line():
@@ -15,6 +19,13 @@ def test_nodes_a_benchmark_program_builds_record_its_line():
     scope = {"x": mg.zeros(3)}
     exec(compile("\n\ny = x + 1\n", program, "exec"), scope)
     assert scope["y"].node.location == (program, 3)
+
+
+def test_an_error_in_a_benchmark_program_names_its_line():
+    program = os.path.join(os.path.dirname(mg.__file__), "bench.py")
+    scope = {"x": mg.zeros(3), "y": mg.zeros(4)}
+    with pytest.raises(mg.MetagraphError, match=r"at bench.py:3\b"):
+        exec(compile("\n\nz = x + y\n", program, "exec"), scope)
 
 
 def test_a_thread_builds_with_its_own_site_while_another_is_located():
