@@ -12,6 +12,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -112,22 +113,19 @@ class Pipeline:
     def _run(self, graph, entry, outputs):
         """Launch the schedule's kernels; on the run tuning wants, each slow kernel's variants are
         timed just after it ran, while its inputs are live (so the run holds nothing longer)."""
-        tune = None
-        if self.generator.tunable and self.tuner.wanted(entry.runs):
-            names = [step.name for step in entry.steps]
-
-            def tune(k, seconds, buffers):
-                self.tuner.tune(graph, entry, k, buffers, seconds)
+        tuning = self.generator.tunable and self.tuner.wanted(entry.runs)
+        names = [step.name for step in entry.steps] if tuning else None
         memory = self.generator.memory_for(outputs)
         checked = bool(flags.CHECK)      # checking reads every step's inputs: nothing is dropped
         donations = None if checked or memory is not executor.HOST else entry.donations   # host buffers
         report = profiler.current()
         buffers = executor.run(graph, entry.steps, entry.functions, entry.sources,
-                               oracle=check_against_oracle if checked else None, tune=tune,
+                               oracle=check_against_oracle if checked else None,
+                               tune=partial(self.tuner.tune, graph, entry) if tuning else None,
                                explain=explain_failure, dead=None if checked else entry.dead,
                                donations=donations, memory=memory, reads=entry.reads,
                                origins=entry.origins(graph) if report is not None or flags.DEBUG else None)
-        if tune is not None and names != [step.name for step in entry.steps]:
+        if tuning and names != [step.name for step in entry.steps]:
             self.stored.save(graph, entry.steps, entry.sources)
         return buffers
 

@@ -103,7 +103,7 @@ def dead_after(steps, outputs, last=None):
 def run(graph, steps, functions, sources, oracle=None, tune=None, explain=None, origins=None,
         dead=None, donations=None, memory=HOST, reads=None):
     """Launch every step; returns every array computed or read, by graph position. `tune(k,
-    seconds, buffers)`, when given, is called after step k has run (in `seconds`) while its inputs
+    buffers, seconds)`, when given, is called after step k has run (in `seconds`) while its inputs
     are still in `buffers` (tuning times variants of it there). When a kernel reports a failed check,
     `explain(graph, step, buffers)` may raise the error with more detail than the kernel gives
     (the offending index). `origins`: what each step was built from (provenance.Origin), which
@@ -158,7 +158,7 @@ def run(graph, steps, functions, sources, oracle=None, tune=None, explain=None, 
             if oracle is not None:
                 oracle(graph, step, buffers, source)
             if tune is not None and fresh:
-                tune(k, elapsed, buffers)
+                tune(k, buffers, elapsed)
             finished = k + 1
             for position in dead[k] if dead is not None else ():
                 if not nodes[position].requires_grad or (donating is not None and
