@@ -20,8 +20,8 @@ def pending_graph(outputs):
     """Walk from the outputs down to realised buffers, inputs before the nodes that read them, each
     node's inputs left to right (iteratively: graphs can be deep). Runs at every realisation:
     written for speed (each node is stacked once; no generators in the loop; a key entry is one flat
-    tuple): 0.6 us per node with a (node, expanded) pair stacked twice per node, 0.39 with a
-    tuple of reads inside each entry, 0.33 as it is."""
+    tuple): 0.6 us per node with a (node, expanded) pair stacked twice per node; on a ResNet-18
+    step's 1,832 nodes (one thread), 0.418 with a tuple of reads inside each entry, 0.394 flat."""
     position, nodes, signature = {}, [], []
 
     def leaf(node):

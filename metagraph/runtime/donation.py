@@ -61,7 +61,7 @@ class Plan:
         self.donors = [[k for k in step.in_place if last.get(k) == i and k not in outputs]
                        if not step.sites else [] for i, step in enumerate(steps)]
         self.any = any(self.donors)
-        # values autograd would keep that may go back to the pool early (Donations.unreachable)
+        # values autograd would keep that may go back to the pool early (Donations.unshared)
         self.releases = any(graph.nodes[k].requires_grad for positions in dead for k in positions)
         self.readers, self.slots = {}, {}
         _count_reads(graph, (k for k, node in enumerate(graph.nodes) if node.buffer is None),
@@ -98,7 +98,7 @@ class Donations:
         buffer is dropped; the caller drops it from `buffers` once the step has run), or None."""
         graph, plan = self.graph, self.plan
         for k in plan.donors[i]:
-            if self._private(k, plan.outputs_of[i], buffers) and self._unshared(k):
+            if self._private(k, plan.outputs_of[i], buffers) and self.unshared(k):
                 graph.nodes[k].buffer = None
                 self.given = True
                 return k
@@ -114,15 +114,11 @@ class Donations:
         return (_references(buffers, k) <= _ARRAY_BASE and
                 _memory_references(buffers, k) <= _MEMORY_BASE + pooled)
 
-    def unreachable(self, position):
-        """Whether nothing outside this realisation can read the value at `position` again (the
-        walk of _unshared), so that a value autograd would keep can go back to the pool once its
-        last reader has run: the activations a backward pass has consumed."""
-        return self._unshared(position)
-
-    def _unshared(self, position):
+    def unshared(self, position):
         """Whether only this graph refers to the node at `position` and to every node that could
-        compute from its value after this realisation."""
+        compute from its value after this realisation: then nothing outside it can read that
+        value again, and it may be donated, or (a value autograd would keep) go back to the pool
+        once its last reader has run, as the activations a backward pass has consumed do."""
         if self.readers is None:            # the reads of this run's realised nodes
             self.readers, self.slots = {}, {}
             realised = (k for k, node in enumerate(self.graph.nodes) if node.buffer is not None)

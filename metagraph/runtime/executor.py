@@ -109,7 +109,7 @@ def run(graph, steps, functions, sources, oracle=None, tune=None, explain=None, 
     (the offending index). `origins`: what each step was built from (provenance.Origin), which
     the profile and METAGRAPH_DEBUG name. `dead` (from dead_after): buffers dropped after each
     step, not returned; a node that requires grad keeps its buffer (realize gives it to the node)
-    unless `donations` shows nothing outside this graph can reach it (Donations.unreachable).
+    unless `donations` shows nothing outside this graph can reach it (Donations.unshared).
     `donations` (a donation.Plan, for host buffers): inputs whose buffers steps may write their
     outputs over. `memory` (HostMemory's methods) holds the buffers.
     `reads` (external_reads(steps), when the caller keeps it): the realised positions to look up.
@@ -162,7 +162,7 @@ def run(graph, steps, functions, sources, oracle=None, tune=None, explain=None, 
             finished = k + 1
             for position in dead[k] if dead is not None else ():
                 if not nodes[position].requires_grad or (donating is not None and
-                                                         donating.unreachable(position)):
+                                                         donating.unshared(position)):
                     dropped = buffers.pop(position)
                     if report is not None:
                         report.free(dropped.nbytes)

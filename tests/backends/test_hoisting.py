@@ -2,7 +2,6 @@
 computed once, before that loop, on every code generator (against the numpy oracle); a sum that
 reads every loop around it, or shares memory with what follows it, stays where it is; random
 legal hoists among random rewrites keep the values."""
-import math
 
 import numpy as np
 import pytest
@@ -10,13 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import metagraph as mg
-from metagraph.compiler import hoist, ir, rewrites
+from metagraph.compiler import hoist, ir
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import Target, schedule
 from metagraph.expr import Var
-from metagraph.pipeline import stored
 from tests.backends.conftest import BACKENDS, against_oracle
-from tests.backends.test_rewrites import COMPILED, SETTINGS, _random_rewrites
+from tests.backends.test_rewrites import COMPILED, SETTINGS, _random_rewrites, against_oracle_rewritten
 
 F = mg.nn.functional
 
@@ -143,8 +141,4 @@ def _invariant_graph(data):
 @given(data=st.data())
 def test_random_hoists_among_rewrites_keep_the_values(backend, data, monkeypatch):
     choices = data.draw(st.lists(st.integers(0, 2 ** 20), min_size=1, max_size=4), label="rewrites")
-    out = _invariant_graph(data)
-    monkeypatch.setattr(rewrites, "scheduled", _random_rewrites(choices))
-    backend.schedules.clear()
-    monkeypatch.setattr(stored, "MIN_NODES", math.inf)
-    against_oracle(backend, [out])
+    against_oracle_rewritten(backend, [_invariant_graph(data)], _random_rewrites(choices), monkeypatch)

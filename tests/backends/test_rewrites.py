@@ -182,16 +182,22 @@ def _contraction(data):
         if epilogue == "relu" else softmax(out, -1)
 
 
+def against_oracle_rewritten(backend, nodes, scheduled, monkeypatch):
+    """`nodes` computed by `backend` from kernels whose loop nests `scheduled` (in place of
+    rewrites.scheduled) rewrites, against the oracle."""
+    monkeypatch.setattr(rewrites, "scheduled", scheduled)
+    backend.schedules.clear()           # lower this graph again, whatever was cached for it
+    monkeypatch.setattr(stored, "MIN_NODES", math.inf)      # in memory or on disk
+    against_oracle(backend, nodes)
+
+
 @pytest.mark.parametrize("backend", COMPILED, indirect=True)
 @SETTINGS
 @given(data=st.data())
 def test_random_rewrites_keep_the_values(backend, data, monkeypatch):
     choices = data.draw(st.lists(st.integers(0, 2 ** 20), min_size=1, max_size=4), label="rewrites")
     out = _contraction(data) if data.draw(st.booleans(), label="contraction") else _graph(data)[0]
-    monkeypatch.setattr(rewrites, "scheduled", _random_rewrites(choices))
-    backend.schedules.clear()           # lower this graph again, whatever was cached for it
-    monkeypatch.setattr(stored, "MIN_NODES", math.inf)      # in memory or on disk
-    against_oracle(backend, [out])
+    against_oracle_rewritten(backend, [out], _random_rewrites(choices), monkeypatch)
 
 
 def _lane_splits(choices):
@@ -234,11 +240,7 @@ def _weight_gradient(data):
 @given(data=st.data())
 def test_random_lane_splits_keep_the_values(backend, data, monkeypatch):
     choices = data.draw(st.lists(st.integers(0, 2 ** 20), min_size=1, max_size=3), label="splits")
-    out = _weight_gradient(data)
-    monkeypatch.setattr(rewrites, "scheduled", _lane_splits(choices))
-    backend.schedules.clear()
-    monkeypatch.setattr(stored, "MIN_NODES", math.inf)
-    against_oracle(backend, [out])
+    against_oracle_rewritten(backend, [_weight_gradient(data)], _lane_splits(choices), monkeypatch)
 
 
 def _staged(nodes, threads=1):
