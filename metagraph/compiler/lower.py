@@ -74,7 +74,8 @@ class Target:
     the end of a buffer the schedule allocates its kernels may read, how many threads run its
     kernels, and whether bfloat16 matmuls go to the AVX-512 BF16 host kernel (contraction.py);
     `tile_fill` and `lane_gain` are the thresholds of the channel tile (nest.py) and the lane rule
-    (lanes.py), which tuning may vary per kernel."""
+    (lanes.py), and `block` the block a reduction tries first (one of nest.BLOCKS, None: the
+    heuristic's), which tuning may vary per kernel."""
     renders: frozenset = None
     registers: int = ACC_REGISTERS
     slack: int = 0
@@ -82,6 +83,7 @@ class Target:
     bf16_dot: bool = False
     tile_fill: float = TILE_FILL
     lane_gain: float = lanes.LANE_GAIN
+    block: str = None
 
 
 class _Refuse(Exception):
@@ -467,7 +469,7 @@ class _Lowering:
     def loop_nest(self, node, store):
         """Loops over the output around `store`, with the reduction (if any) inside (nest.py)."""
         nest = Nest(self.extents, self.accumulator, self.target.registers, self.target.tile_fill,
-                    self.readable() if self.target.slack else None)
+                    self.readable() if self.target.slack else None, self.target.block)
         return nest.loops(node, store, self.reduce_parts)
 
     def readable(self):

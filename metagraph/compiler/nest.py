@@ -41,6 +41,10 @@ ACC_REGISTERS = 32
 # units of 4 cycles' latency), blocking further output dimensions while it has fewer (a channel
 # tile over a 2x2 plane had 2), but not past MAX_CHAINS.
 MIN_CHAINS, MAX_CHAINS = 8, 16
+# The blocks a reduction may accumulate at once: Nest's methods of these names, each called with
+# (node, value, store, loops, itemsize, chosen) and returning a _Block or None where it does not
+# apply. Tuning may choose any of them (`chosen`); the heuristic tries them in `Nest.heuristic`'s order.
+BLOCKS = ("channel_tile", "register_tile", "row_block", "transposed_panel")
 
 
 @dataclass
@@ -63,10 +67,12 @@ class Nest:
     elements of a parameter a load may touch (its size, or more where the buffer has slack past
     its end), None when no load may read past what its loop needs."""
 
-    def __init__(self, extents, accumulator, registers=ACC_REGISTERS, tile_fill=TILE_FILL, readable=None):
+    def __init__(self, extents, accumulator, registers=ACC_REGISTERS, tile_fill=TILE_FILL, readable=None,
+                 block=None):
         self.extents, self.accumulator, self.registers = extents, accumulator, registers
         self.tile_fill = tile_fill
         self.readable = readable
+        self.block = block   # the block (one of BLOCKS) to try before the heuristic's, or None
         self.pack = None     # (output loop variable or None: the kernel's body, statements)
 
     def loops(self, node, store, reduce_parts):
@@ -85,17 +91,31 @@ class Nest:
             (inside if var is None else inside[0].body)[:0] = statements
         return body
 
+    def heuristic(self, node, value, loops):
+        """The blocks to try, in order, for a reduction of `value` over `loops` into `node`: the
+        channel tile where it applies (see channel_tile: the heuristic asks more of it than
+        applying), then a register tile or a row block where the output row reads contiguously,
+        else the transposed panel (`reduction` tries `self.block` before them all). Where none
+        applies, one dot product per output element."""
+        if not loops or not node.ndim:
+            return []
+        rest = ["register_tile", "row_block"] if contiguous(value, node.ndim - 1) else ["transposed_panel"]
+        return ["channel_tile"] + rest
+
     def reduction(self, node, store, acc_dtype, init, op, loops, value):
         """(body, output loops around it) of a reduction of `value` over `loops`."""
-        found = self.channel_tile(node, value, store, loops, acc_dtype.itemsize) if loops else None
-        if found is None and loops and node.ndim and contiguous(value, node.ndim - 1):
-            found = self.register_tile(node, value, store, acc_dtype.itemsize)
+        found, order = None, self.heuristic(node, value, loops)
+        if self.block is not None and order:
+            order = [self.block] + order
+        for name in order:
+            extents, pack = dict(self.extents), self.pack
+            found = getattr(self, name)(node, value, store, loops, acc_dtype.itemsize,
+                                        chosen=name == self.block)
             if found is not None:
-                self.whole_vectors(found, acc_dtype.itemsize)
-            else:
-                found = self.row_block(node, value, store)
-        elif found is None and loops and node.ndim:
-            found = self.transposed_panel(node, value, store, loops, acc_dtype.itemsize)
+                break
+            self.extents.clear()        # a block that does not apply leaves nothing behind
+            self.extents.update(extents)
+            self.pack = pack
         if found is None:         # one dot product per output element
             value, loops = self.collapsed(value, loops)
             order = reuse_order(value, node.ndim, self.extents)
@@ -134,7 +154,7 @@ class Nest:
             stores = [ir.Loop(*loop, stores)]
         return [ir.Define("acc", acc_dtype, init, op, size)] + accumulate + stores, found.outer
 
-    def channel_tile(self, node, value, store, loops, itemsize):
+    def channel_tile(self, node, value, store, loops, itemsize, chosen=False):
         """A block of one vector along an outer output dimension v (a conv's channels) where the
         output row's vectorised loop would be guarded lane by lane (a conv's input gradient over a
         small plane: its window's border), read with a stride (a strided conv whose weights take
@@ -146,7 +166,7 @@ class Nest:
         one scalar for the whole vector. The register block then runs along the row
         (`register_block`). The row is the last dimension longer than 1 (a 1x1 stride-2 conv's
         weight gradient (512, 256, 1, 1) reads its 256-long row 4 floats apart: 4.4 -> 0.2 ms).
-        A _Block, or None."""
+        `chosen` (by tuning): wherever it applies, whatever the row. A _Block, or None."""
         lanes = VECTOR_BYTES // itemsize
         last = max((d for d in range(node.ndim) if node.shape[d] > 1), default=0)   # the row
         if last < 1:
@@ -155,7 +175,7 @@ class Nest:
         filled = last < node.ndim - 1 or planes.fill(self.extents, node, value, itemsize,
                                                      self.registers) >= self.tile_fill
         if contiguous(value, last, stride_max=1) and not any(last in loop_variables(g) for g in guards) \
-                and filled:
+                and filled and not chosen:
             return None
         reduction = [var for var, _ in loops]
         size = lanes * math.prod(extent for _, extent in loops)
@@ -169,7 +189,7 @@ class Nest:
             return self.channel_split(node, value, store, v, loops, lanes)
         return None
 
-    def transposed_panel(self, node, value, store, loops, itemsize):
+    def transposed_panel(self, node, value, store, loops, itemsize, chosen=False):
         """A register tile for a contraction whose one operand that varies along the output row
         reads the row with a stride and the reduction contiguously (x @ w.T: a linear layer's
         weight, attention's keys): the row is cut into tiles of whole vectors, and for each tile
@@ -278,16 +298,25 @@ class Nest:
             k -= 1
         return value, loops
 
-    def register_tile(self, node, value, store, itemsize):
+    def register_tile(self, node, value, store, loops, itemsize, chosen=False):
         """The output row alone as the block (a _Block), where an outer output dimension can be
         register-blocked and rows x row vectors fit `registers`: a row that does not fit is cut
         into the longest tiles that do (a divisor of its length, at least one vector); a row
-        shorter than half a vector may be flattened with the rows after it (`planes.flattened`). None
-        when no register block applies or no tile fits."""
+        shorter than half a vector may be flattened with the rows after it (`planes.flattened`);
+        rounded up to whole vectors where that pays (`whole_vectors`). None when the row does not
+        read contiguously, no register block applies or no tile fits."""
         last, length = node.ndim - 1, node.shape[-1]
         blocking = register_block(self.extents, value, list(range(last)), last, 1)
-        if blocking is None or length < 2:
+        if blocking is None or length < 2 or not contiguous(value, last):
             return None
+        found = self.register_row(node, value, store, itemsize, blocking)
+        if found is not None:
+            self.whole_vectors(found, itemsize)
+        return found
+
+    def register_row(self, node, value, store, itemsize, blocking):
+        """register_tile's block, before rounding up to whole vectors."""
+        last, length = node.ndim - 1, node.shape[-1]
 
         def fits(t):
             return row_vectors(t, itemsize) * blocking[1] <= self.registers
@@ -338,7 +367,7 @@ class Nest:
             (d, width if d == inner else self.extents[d], ir.VECTOR if d == inner else ir.SERIAL)
             for d in found.block]
 
-    def row_block(self, node, value, store):
+    def row_block(self, node, value, store, loops, itemsize, chosen=False):
         """The trailing output dimensions as the block, as many as fit in ROW_MAX elements and at
         least ROW_MIN (a _Block), the first dimension kept outside as the parallel loop where the
         dimensions after it hold more than one element. A row

@@ -1,13 +1,16 @@
-"""Autotuning remembered on disk: a register-tiled kernel that takes long enough is timed once in
-a few variants (other register budgets, no rounding up to whole vectors, channel tiles and lane
-accumulators where the heuristic would not use them or without them where it would) on the
-buffers it has just run on, and the fastest is remembered in the kernel cache, so that every
-later schedule and every later process uses it without timing again.
+"""Autotuning remembered on disk: the search. A blocked reduction that takes long enough (its
+launches in one run, together) is lowered again in variants: every block of nest.BLOCKS that
+applies to it, other register budgets, no rounding up to whole vectors, channel tiles and lane
+accumulators where the heuristic would not use them or without them where it would. The cost
+model (compiler/cost.py) ranks the variants; the heuristic's own kernel and the KEEP - 1 cheapest
+others are compiled and timed on the buffers the kernel has just run on, and the fastest is
+remembered in the kernel cache, so that every later schedule and every later process uses it
+without timing again.
 
 Tuning happens on a schedule's second run, never its first (a cold start compiles only the
 heuristic choices), and a process starts tuning no kernel once it has spent METAGRAPH_TUNE
-seconds on it (default 5; 0 turns it off; one kernel's variants take 0.1-0.5 s). Register tiles and
-channel tiles compute each output with the same operations in the same order (they change which
+seconds on it (default 5; 0 turns it off; one kernel's variants take 0.1-0.5 s). Blocks and
+register tiles compute each output with the same operations in the same order (they change which
 outputs are computed together, not how); lane accumulators sum a reduction in another order,
 within the rounding every backend's reductions already allow.
 """
@@ -19,12 +22,23 @@ from dataclasses import replace
 import numpy as np
 
 from metagraph import flags
+from metagraph.compiler import cost
 from metagraph.compiler.lower import relower
+from metagraph.compiler.nest import BLOCKS
 from metagraph.runtime import executor
 
-MIN_SECONDS = 1e-3      # kernels faster than this are not worth compiling variants for
-_TUNED = (("registers", int), ("slack", int), ("tile_fill", float), ("lane_gain", float))   # remembered
+MIN_SECONDS = 1e-3      # kernels whose launches in a run take less are not worth compiling variants for
+KEEP = 5                # variants compiled and timed per kernel: the heuristic's and the cheapest others
 REPEATS = 3             # timed runs of each variant (the fastest counts)
+
+
+def _block(text):
+    """A remembered block: its name, or None (written "None") for the heuristic's order."""
+    return None if text == "None" else text
+
+
+_TUNED = (("registers", int), ("slack", int), ("tile_fill", float), ("lane_gain", float),
+          ("block", _block))     # remembered
 
 
 def tunable(step):
@@ -43,17 +57,20 @@ class Tuner:
     def candidates(self):
         """The backend's target and its variants: half and three quarters of its register budget,
         no reading past buffer ends (so no rounding up to whole vectors), channel tiles for every
-        row short of whole vectors or for none, and lane accumulators wherever they save vector
-        instructions or nowhere (variants that render the same kernel are timed once)."""
+        row short of whole vectors or for none, lane accumulators wherever they save vector
+        instructions or nowhere, and each block tried first with each register budget (variants
+        that render the same kernel count once)."""
         target = self.pipeline.target
-        return [target, replace(target, registers=target.registers // 2),
-                replace(target, registers=target.registers * 3 // 4), replace(target, slack=0),
-                replace(target, tile_fill=1.0), replace(target, tile_fill=0.0),
-                replace(target, lane_gain=1.0), replace(target, lane_gain=math.inf)]
+        budgets = (target.registers, target.registers * 3 // 4, target.registers // 2)
+        return [target, *(replace(target, registers=registers) for registers in budgets[1:]),
+                replace(target, slack=0), replace(target, tile_fill=1.0), replace(target, tile_fill=0.0),
+                replace(target, lane_gain=1.0), replace(target, lane_gain=math.inf),
+                *(replace(target, block=block, registers=registers)
+                  for block in BLOCKS for registers in budgets)]
 
     def get(self, name):
-        """The target remembered for the kernel `name` (its register budget, slack, tile fill and
-        lane gain as text in the cache), or None."""
+        """The target remembered for the kernel `name` (its register budget, slack, tile fill,
+        lane gain and block as text in the cache), or None."""
         text = self.cache.tuned(name)
         if text is None:
             return None
@@ -73,8 +90,8 @@ class Tuner:
         variants and replace it in place by the winner (for the schedule's later runs)."""
         step = entry.steps[i]
         name = step.tuned_from or step.name
-        if (self.spent >= flags.TUNE or seconds < MIN_SECONDS or not tunable(step) or
-                any(k not in buffers for k in step.positions[1:]) or self.get(name) is not None):
+        if self.spent >= flags.TUNE or not tunable(step) or seconds * _launches(entry, name) < MIN_SECONDS \
+                or any(k not in buffers for k in step.positions[1:]) or self.get(name) is not None:
             return
         start = time.perf_counter()
         best = self.fastest(graph, step, buffers)
@@ -87,7 +104,8 @@ class Tuner:
                   file=sys.stderr)
 
     def fastest(self, graph, step, buffers):
-        """(target, step, function, source) of the fastest variant of `step`."""
+        """(target, step, function, source) of the fastest of `step`'s variants that are timed:
+        the heuristic's and the KEEP - 1 the cost model ranks cheapest."""
         variants, seen = [], set()
         for choice in self.candidates():
             other = relower(graph, step, choice)
@@ -95,22 +113,34 @@ class Tuner:
             if source not in seen:
                 seen.add(source)
                 variants.append((choice, other))
+        threads = self.pipeline.target.threads
+        heuristic, others = variants[0], variants[1:]
+        others.sort(key=lambda variant: cost.estimate(variant[1].kernel.body, threads).cycles)
+        variants = [heuristic] + others[:KEEP - 1]
         functions, sources = self.pipeline.load([other.kernel for _, other in variants])
-        timed = []
-        for (choice, other), function, source in zip(variants, functions, sources):
-            timed.append((self.time(function, other, graph, buffers), choice, other, function, source))
-        _, choice, other, function, source = min(timed, key=lambda t: t[0])
-        return choice, other, function, source
+        seconds = self.time(functions, step, graph, buffers)
+        k = min(range(len(variants)), key=seconds.__getitem__)
+        return variants[k][0], variants[k][1], functions[k], sources[k]
 
     @staticmethod
-    def time(function, step, graph, buffers):
+    def time(functions, step, graph, buffers):
+        """The fastest of REPEATS calls of each function (variants of `step`), after a warm call,
+        called in turn so that whatever else the machine does falls on all of them alike; one
+        output array serves them all."""
         node = graph.nodes[step.positions[0]]
         arrays = [executor.allocate(node.shape, node.dtype.np)] + [buffers[k] for k in step.positions[1:]]
         error = np.zeros(1, dtype=np.int64)
-        function(arrays, error)        # warm
-        best = float("inf")
-        for _ in range(REPEATS):
-            start = time.perf_counter()
+        for function in functions:
             function(arrays, error)
-            best = min(best, time.perf_counter() - start)
+        best = [float("inf")] * len(functions)
+        for _ in range(REPEATS):
+            for k, function in enumerate(functions):
+                start = time.perf_counter()
+                function(arrays, error)
+                best[k] = min(best[k], time.perf_counter() - start)
         return best
+
+
+def _launches(entry, name):
+    """How many launches of the kernel `name` a run of the schedule `entry` makes."""
+    return sum(1 for step in entry.steps if (step.tuned_from or step.name) == name)
