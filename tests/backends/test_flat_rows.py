@@ -1,8 +1,8 @@
 """Flat rows (compiler/flat_rows.py: `merge`, `vectorise` and the rule `flattened`): an element-wise
 kernel's serial loops that every index reads as one flat range become one loop, and its innermost
-serial loop, read and written with unit stride, the vector loop, on every code generator (against
-the numpy oracle); loops read apart (a per-channel operand, a padded or strided view) and the
-parallel loop stay as they are."""
+serial loop, written with unit stride and read with a stride of at most 2 (a condition along it is
+a lane mask), the vector loop, on every code generator (against the numpy oracle); loops read
+apart (a per-channel operand, a transposed view) and the parallel loop stay as they are."""
 import numpy as np
 import pytest
 
@@ -50,16 +50,18 @@ def test_short_rows_read_as_one_range_become_one_loop(backend, shape, extents):
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
-def test_rows_read_apart_stay_loops(backend):
+def test_rows_read_apart_stay_loops_and_short_strides_vectorise(backend):
     rng = np.random.default_rng(1)
     x = _array(rng, 3, 4, 5)
     padded = F.pad(x, (1, 1)).node                       # rows of 7 read from rows of 5
     strided = (x[:, :, ::2] * 2.0).node                  # every other element
-    transposed = (x.transpose(1, 2) + 1.0).node          # the row read with a stride
-    for node, extents in [(padded, [3, 4, 7]), (strided, [3, 4, 3]), (transposed, [3, 5, 4])]:
+    phases = F.pad(x, (1, 2))[:, :, 1::2].node           # a padded row's odd phase: both at once
+    transposed = (x.transpose(1, 2) + 1.0).node          # the row read 5 elements apart
+    for node, extents, kind in [(padded, [3, 4, 7], ir.VECTOR), (strided, [3, 4, 3], ir.VECTOR),
+                                (phases, [3, 4, 4], ir.VECTOR), (transposed, [3, 5, 4], ir.SERIAL)]:
         assert _loop_extents(node) == extents
-        assert _loops(node)[-1].kind == ir.SERIAL       # a condition or a stride along the row
-    against_oracle(backend, [padded, strided, transposed])
+        assert _loops(node)[-1].kind == kind       # a condition along the row is a lane mask
+    against_oracle(backend, [padded, strided, phases, transposed])
 
 
 def test_the_parallel_loop_keeps_its_extent():
