@@ -20,7 +20,8 @@ from metagraph.runtime import executor, profiler
 POOL_HELD_MAX = 1 << 30        # bytes of free device buffers the pool keeps for reuse
 NUMBERS_KEPT = 256             # 0-d host values kept on the device by value (Device.resident)
 MIN_BYTES = 8                  # a buffer of no bytes cannot be made, nor passed to a kernel
-INSTALL = 'pip install -e ".[opencl]" (pyopencl, and PoCL for running on the CPU)'
+INSTALL = ('pip install -e ".[opencl]" (pyopencl, and PoCL for running on the CPU; on a CPU newer '
+           "than that PoCL's LLVM 14, a newer PoCL as well: Debian's pocl-opencl-icd)")
 
 
 def _pyopencl():
@@ -32,9 +33,14 @@ def _pyopencl():
     return pyopencl
 
 
+PROBE_SOURCE = "__kernel void probe(__global float *x) { x[get_global_id(0)] *= 2.0f; }"
+
+
 def _choose(cl):
     """The device to compute on: the first GPU or accelerator of any platform, else the first
-    device."""
+    device, among those whose driver builds a trivial kernel. A driver can list a device it cannot
+    compile for: PoCL 3.0 (LLVM 14, the one pyopencl's wheels bring) names a CPU newer than its
+    LLVM (AMD Zen 5) 'generic', which LLVM 14 rejects, so every build fails."""
     devices, reasons = [], []
     try:
         platforms = cl.get_platforms()
@@ -45,11 +51,25 @@ def _choose(cl):
             devices.extend(platform.get_devices())
         except cl.Error as error:           # a platform without a device of its kinds
             reasons.append(f"{platform.name}: {str(error).splitlines()[0]}")
-    if not devices:
-        raise CompileError(f"no OpenCL platform with a device is installed "
-                           f"({'; '.join(reasons) or 'no platform'}); {INSTALL}")
     preferred = [d for d in devices if d.type & (cl.device_type.GPU | cl.device_type.ACCELERATOR)]
-    return (preferred or devices)[0]
+    for device in preferred + [d for d in devices if d not in preferred]:
+        failure = _build_failure(cl, device)
+        if failure is None:
+            return device
+        reasons.append(f"{device.platform.version} on {device.name}: {failure}")
+    raise CompileError(f"no OpenCL device that builds a kernel is installed "
+                       f"({'; '.join(reasons) or 'no platform'}); {INSTALL}")
+
+
+def _build_failure(cl, device):
+    """Why the device's driver cannot build PROBE_SOURCE (the first line of its log that says),
+    or None when it can."""
+    try:
+        cl.Program(cl.Context([device]), PROBE_SOURCE).build()
+    except cl.Error as error:
+        lines = [line for line in str(error).splitlines() if "error" in line.lower()]
+        return (lines[-1] if lines else str(error).splitlines()[0]).strip()
+    return None
 
 
 class DeviceArray:
