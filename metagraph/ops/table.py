@@ -16,6 +16,7 @@ from metagraph.errors import DTypeError, MetagraphError, ShapeError, at, user_lo
 from metagraph.expr import (Binary, Const, Select, Var, check_int64, extras_used, linear_terms, reshape_map,
                            variables)
 from metagraph.ops.node import Node, signature
+from metagraph.ops.window_gradient import shifted_window_gradient, window_gradient
 
 SOURCE, ELEMENTWISE, REDUCE, VIEW, SCATTER, NOT_MATH = (
     "source", "elementwise", "reduce", "view", "scatter", "not-math")
@@ -234,11 +235,14 @@ def reduce_grad(g, y, x):
 
 
 def reindex_grad(g, y, x, *extras):
-    """A scatter back; for a reshape, a broadcast or an injective affine view, a cheaper view. A
-    checked read's scatter is checked too: the gradient may run without the forward value, and an
+    """A scatter back; for a reshape, a broadcast or an injective affine view, a cheaper view; for
+    a window read by a product, a gather (ops/window_gradient.py). A checked read's scatter is
+    checked too: the gradient may run without the forward value, and an
     index out of range must raise there as well, not drop its gradient."""
     index_map, checked = y.attrs["index_map"], y.attrs["checked"]
     inverse = None if extras or checked else inverse_view(g, x.shape, y)
+    if inverse is None and not extras and not checked:
+        inverse = window_gradient(g, x.shape, index_map, apply)
     if inverse is not None:
         return (inverse,)
     scatter = apply("reindex_reduce", g, *extras, op="add", shape=x.shape, index_map=index_map,
@@ -278,6 +282,7 @@ def inverse_view(g, x_shape, y):
     if unused:
         g = apply("reduce", g, op="add", axes=unused, keepdim=False)
     return _shifted_scatter(g, x_shape, shifts, key) or \
+        (shifts is not None and shifted_window_gradient(g, x_shape, shifts, apply)) or \
         apply("reindex", g, shape=x_shape, index_map=inverse, fill=0, checked=False)
 
 

@@ -30,7 +30,9 @@ CASES = {    # name: (x shape, w shape, conv arguments, the kernel kind)
     "ResNet-18's 8x8 to 4x4, 64 channels": ((2, 64, 8, 8), (16, 64, 3, 3), dict(stride=2, padding=1), "g"),
     "7x5 plane, 24 channels (no channel tile)": ((2, 24, 7, 5), (5, 24, 3, 3), dict(stride=2, padding=1),
                                                   "g"),
-    "stride 3, 5x5 taps, 9x9": ((1, 32, 9, 9), (4, 32, 5, 5), dict(stride=3, padding=2), "g"),
+    # the taps (5) outnumber the output rows (3): the tap is the unit-stride variable a window
+    # gradient solves for (ops/window_gradient.py), a sum over the zero-bordered weights
+    "stride 3, 5x5 taps, 9x9": ((1, 32, 9, 9), (4, 32, 5, 5), dict(stride=3, padding=2), "r"),
     # the channel index (k // 4) * 16 + c is not a sum of variables: a scatter, as at stride 1
     "stride 2, groups 2 stays a scatter": ((2, 32, 7, 7), (8, 16, 3, 3), dict(stride=2, padding=1,
                                                                              groups=2), "s"),
@@ -52,6 +54,7 @@ def test_strided_input_gradients_match_the_oracle(backend, name):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_short_planes_gather_and_long_ones_scatter(name):
+    """(or sum a window gradient, where one applies)"""
     x_shape, w_shape, conv, kind = CASES[name]
     steps = schedule(pending_graph([_input_gradient(x_shape, w_shape, **conv)]))
     assert steps[-1].kernel.name[0] == kind

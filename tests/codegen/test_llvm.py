@@ -40,10 +40,12 @@ def test_an_accumulated_product_is_one_fused_multiply_add():
 
 
 def _gathered_input_gradient():
+    """A stride-2 conv's input gradient (its weights take a gradient too, so the conv reads its
+    input unsplit): a guarded gather (compiler/gather.py)."""
     rng = np.random.default_rng(2)
-    x = mg.tensor(rng.standard_normal((2, 3, 6, 6)).astype(np.float32), requires_grad=True)
-    w = mg.tensor(rng.standard_normal((8, 3, 3, 3)).astype(np.float32))
-    (gx,) = mg.grad(F.conv2d(x, w, padding=1).sum(), [x])
+    x = mg.tensor(rng.standard_normal((2, 24, 7, 5)).astype(np.float32), requires_grad=True)
+    w = mg.tensor(rng.standard_normal((5, 24, 3, 3)).astype(np.float32), requires_grad=True)
+    (gx,) = mg.grad(F.conv2d(x, w, stride=2, padding=1).sum(), [x])
     return next(s.kernel for s in schedule(pending_graph([gx.node])) if s.kernel.name.startswith("g_"))
 
 
