@@ -26,9 +26,10 @@ from metagraph.errors import CompileError, MetagraphError, at
 from metagraph.ops.node import user_site
 from metagraph.pipeline.stored import ScheduleStore
 from metagraph.pipeline.tuning import Tuner
-from metagraph.runtime import donation, executor, profiler
+from metagraph.runtime import donation, executor, profiler, replay
 
 SCHEDULE_CACHE_SIZE = 4096
+REPLAY_FROM = 3         # the run from which a schedule is replayed (its second is tuning's)
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Schedule:
     dead: list = None        # per step, the buffers no later step reads (executor.dead_after)
     donations: object = None     # runtime.donation.Plan
     reads: tuple = None      # the realised positions the steps read (executor.external_reads)
+    replay_plan: object = None   # runtime.replay.Replay once made; False when it cannot replay
 
     def origins(self, graph):
         """What each step computes for `graph` (a provenance.Origin per step): its ops and lines."""
@@ -57,6 +59,14 @@ class Schedule:
         self.dead = executor.dead_after(self.steps, graph.outputs, last)
         self.donations = donation.Plan(graph, self.steps, last, self.dead)
         self.reads = executor.external_reads(self.steps, graph.outputs)
+
+    def replayer(self, graph):
+        """The schedule's runtime.replay.Replay (made on first use), or None if it cannot have one."""
+        if self.replay_plan is None:
+            usable = replay.usable(self.functions)
+            self.replay_plan = usable and replay.Replay(graph, self.steps, self.functions, self.donations,
+                                                        self.dead, self.reads)
+        return self.replay_plan or None
 
 
 class Pipeline:
@@ -99,10 +109,10 @@ class Pipeline:
         # optimizer.step() (or a gradient after the loss) does not compute the forward pass again;
         # the run dropped those nothing outside the graph can read again (executor.run).
         nodes = graph.nodes
-        for step in entry.steps:
-            node = nodes[step.positions[0]]
-            if node.requires_grad and node.buffer is None and step.positions[0] in buffers:
-                node.set_buffer(buffers[step.positions[0]])
+        for position, array in buffers.items():      # (a realised input's node holds its buffer)
+            node = nodes[position]
+            if node.requires_grad and node.buffer is None:
+                node.set_buffer(array)
         report = profiler.current()
         if report is not None:
             path, line = provenance.line_of(user_site(sys._getframe(1)))
@@ -119,6 +129,11 @@ class Pipeline:
         checked = bool(flags.CHECK)      # checking reads every step's inputs: nothing is dropped
         donations = None if checked or memory is not executor.HOST else entry.donations   # host buffers
         report = profiler.current()
+        if (entry.runs >= REPLAY_FROM and donations is not None and report is None and not tuning
+                and not flags.DEBUG and replay.ENABLED):
+            replaying = entry.replayer(graph)     # (a profile times each kernel: launched one by one)
+            if replaying is not None:
+                return replaying.run(graph, explain_failure)
         buffers = executor.run(graph, entry.steps, entry.functions, entry.sources,
                                oracle=check_against_oracle if checked else None,
                                tune=partial(self.tuner.tune, graph, entry) if tuning else None,
@@ -127,6 +142,7 @@ class Pipeline:
                                origins=entry.origins(graph) if report is not None or flags.DEBUG else None)
         if tuning and names != [step.name for step in entry.steps]:
             self.stored.save(graph, entry.steps, entry.sources)
+            entry.replay_plan = None          # made again from the tuned steps
         return buffers
 
     def _scheduled(self, graph, began):

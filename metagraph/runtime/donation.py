@@ -40,7 +40,7 @@ _ARRAY_BASE = _references({0: np.empty(1)}, 0) + 1      # and by its node's buff
 _MEMORY_BASE = _memory_references({0: np.ndarray(1, np.uint8, np.empty(1, np.uint8))}, 0)   # by its array
 
 
-def _laid_out(buffer, node, out, slack):
+def laid_out(buffer, node, out, slack):
     """Whether `buffer` (node's) is a host array laid out as the executor allocates `out`'s."""
     if not isinstance(buffer, np.ndarray) or buffer.base is None:    # a device's, or a user's
         return False
@@ -48,6 +48,14 @@ def _laid_out(buffer, node, out, slack):
     return (buffer.flags.c_contiguous and buffer.dtype == node.dtype.np == out.dtype.np and
             buffer.shape == node.shape == out.shape and raw.nbytes == buffer.nbytes + slack and
             raw.__array_interface__["data"][0] == buffer.__array_interface__["data"][0])
+
+
+def unreferenced(buffers, k, pool, slack):
+    """Whether nothing but buffers[k]'s node and `buffers` refers to that array, laid out as the
+    executor's own (laid_out), or to the memory under it (besides `pool`, which lent it)."""
+    pooled = pool.references(buffers[k].base, slack)
+    return (_references(buffers, k) <= _ARRAY_BASE and
+            _memory_references(buffers, k) <= _MEMORY_BASE + pooled)
 
 
 class Plan:
@@ -108,11 +116,9 @@ class Donations:
         """Whether the buffer of position k is laid out as the executor's own for the output at
         `out` and nothing else uses its memory. (It is never bound to a name here: that would be a
         reference the counts do not expect.)"""
-        if not _laid_out(buffers[k], self.graph.nodes[k], self.graph.nodes[out], self.slack):
+        if not laid_out(buffers[k], self.graph.nodes[k], self.graph.nodes[out], self.slack):
             return False
-        pooled = self.pool.references(buffers[k].base, self.slack)
-        return (_references(buffers, k) <= _ARRAY_BASE and
-                _memory_references(buffers, k) <= _MEMORY_BASE + pooled)
+        return unreferenced(buffers, k, self.pool, self.slack)
 
     def unshared(self, position):
         """Whether only this graph refers to the node at `position` and to every node that could

@@ -1,0 +1,175 @@
+"""The buffer plan of a replayed schedule (runtime/replay.py): where each value of a run lives.
+
+A Layout is made once per decision a run can take (which inputs are donated, which values that
+autograd would keep go back to the pool): the values that die in the run and are small share one
+arena, placed by their lifetimes; the pool-sized ones share pool arrays of their exact size in
+turn; the values that outlive the run get arrays of their own. The native loop's arrays (which slot
+each kernel argument reads, where each arena value's slack is zeroed) are built here too.
+"""
+import bisect
+import heapq
+
+import numpy as np
+
+from metagraph.runtime import executor, pool
+
+ALIGNMENT = 64          # bytes: where each arena value starts (pool arrays are at least as aligned)
+
+
+class Layout:
+    """The buffer plan of one decision: where each slot's address comes from (a realised input, an
+    array taken from the pool, a place in the arena) and the native loop's arrays.
+
+    A value that dies in the run and is smaller than the pool's arrays (pool.POOLED_MIN) gets a
+    place in the arena. The others get pool arrays of their exact size, shared in turn by values
+    of that size whose lifetimes do not meet, the last of them keeping it if it outlives the run:
+    what the pool gives executor.run as it goes, so that a replayed run holds the same memory
+    (the arena could not lend the memory its dead values leave to the values that outlive it)."""
+
+    def __init__(self, replay, decision):
+        ffi, steps = replay.ffi, replay.steps
+        given = decision[:len(replay.donor_steps)]
+        dropped = {p for p, gone in zip(replay.dead, decision[len(replay.donor_steps):]) if gone}
+        self.donated = {}       # donated input -> the step that writes over it
+        slot_of = dict(replay.base_slots)
+        self.moves = []         # (donated input, the output that keeps its array, or None)
+        donated_outputs = set()
+        for (i, _), donor in zip(replay.donor_steps, given):
+            if donor is not None:
+                out = replay.outputs_of[i]
+                slot_of[out] = slot_of[donor]
+                self.donated[donor] = i
+                donated_outputs.add(out)
+                self.moves.append((donor, None if out in dropped else out))
+        self.donated_steps = set(self.donated.values())
+        self.donor_of = {replay.outputs_of[i]: donor for donor, i in self.donated.items()}
+        self.values = replay.values
+        placed = [p for p in replay.outputs_of if p not in donated_outputs]
+        pooled = [p for p in placed if replay.values[p][2] + executor.SLACK_BYTES >= pool.POOLED_MIN]
+        self.offsets, self.arena_bytes = placed_in_arena(
+            [p for p in placed if p in dropped and p not in pooled], replay)
+        born = {p: i for i, p in enumerate(replay.outputs_of)}
+        arrays = sorted(shared_arrays(pooled, dropped, replay) + [[p] for p in placed
+                                                            if p not in dropped and p not in pooled],
+                        key=lambda shared: born[shared[0]])
+        # per array: (its values' slots, shape, numpy dtype, the value that keeps it or None)
+        self.allocations = [(tuple(slot_of[p] for p in shared), *replay.values[shared[-1]][:2],
+                             None if shared[-1] in dropped else shared[-1]) for shared in arrays]
+        self.allocation_of = {p: j for j, shared in enumerate(arrays) for p in shared}
+        self.first_value = [shared[0] for shared in arrays]       # (named by an allocation that fails)
+        self.segments = _segments(len(steps), replay.python_steps, [born[shared[0]] for shared in arrays])
+        self.read_slots = [(replay.base_slots[k], k) for k in replay.reads]
+        self.slot_count = len(replay.base_slots)
+        self.arena_slots = ffi.new("int64_t[]", [slot_of[p] for p in self.offsets])
+        self.arena_offsets = ffi.new("int64_t[]", list(self.offsets.values()))
+        starts, argument_slots = [0], []
+        for step in steps:
+            argument_slots.extend(slot_of[p] for p in step.positions)
+            starts.append(len(argument_slots))
+        self.arg_start = ffi.new("int64_t[]", starts)
+        self.arg_slot = ffi.new("int64_t[]", argument_slots)
+        self.slack_at = ffi.new("int64_t[]", [replay.values[p][2] if p in self.offsets else -1
+                                              for p in replay.outputs_of])
+
+    def array(self, position, buffers, arena, allocated):
+        """The array of a value in a run: its own, or a view of its place in the arena or of the
+        pool array it shares (`allocated`: the run's arrays of self.allocations)."""
+        if position in buffers:
+            return buffers[position]
+        if position in self.donor_of:
+            return buffers[self.donor_of[position]]
+        shape, dtype, _ = self.values[position]
+        if position in self.offsets:
+            return np.ndarray(shape, dtype, arena, self.offsets[position])
+        return np.ndarray(shape, dtype, allocated[self.allocation_of[position]])
+
+
+    def zero_slack(self, position, arena):
+        """Zero the slack past a value's place in the arena (the native loop does it for a kernel's
+        output; arena memory held other values before)."""
+        if position in self.offsets:
+            end = self.offsets[position] + self.values[position][2]
+            arena[end:end + executor.SLACK_BYTES] = 0
+
+
+def _segments(count, python_steps, births):
+    """(first, last, arrays) per stretch of steps the native loop launches at once (last None: step
+    `first`, launched from Python), where `arrays` is how many of the plan's arrays (by the step
+    computing their first value: `births`, in order) must have been taken before it runs: a stretch
+    ends where a step launched from Python comes or an array's first value is computed."""
+    segments, start, taken = [], 0, 0
+    for i in range(count):
+        due = taken
+        while due < len(births) and births[due] <= i:
+            due += 1
+        if i in python_steps or due > taken:
+            if start < i:
+                segments.append((start, i, taken))
+            taken, start = due, i
+            if i in python_steps:
+                segments.append((i, None, taken))
+                start = i + 1
+    if start < count:
+        segments.append((start, count, taken))
+    return segments
+
+
+def shared_arrays(positions, dropped, replay):
+    """`positions` (in the order the steps compute them) grouped into lists that can share one array
+    in turn: values of one size, each computed after the one before has been read for the last
+    time; a value outside `dropped` (it outlives the run) ends its list."""
+    born = {p: i for i, p in enumerate(replay.outputs_of)}
+    free, groups = {}, []       # size -> [(step after which it is free, group)], groups
+    for p in positions:
+        size = replay.values[p][2]
+        reusable = free.get(size, [])
+        found = next((j for j, (after, _) in enumerate(reusable) if after < born[p]), None)
+        group = reusable.pop(found)[1] if found is not None else []
+        if found is None:
+            groups.append(group)
+        group.append(p)
+        if p in dropped:
+            free.setdefault(size, []).append((replay.last.get(p, born[p]), group))
+    return groups
+
+
+def placed_in_arena(positions, replay):
+    """({position: byte offset}, arena bytes) for values alive from the step computing them to their
+    last reader, each taking its bytes and the slack past them: placed as an allocator would place
+    them, step by step, first fit among the gaps that the values already read for the last time
+    left (a search among all the values alive at once cost seconds on a large graph)."""
+    born = {p: i for i, p in enumerate(replay.outputs_of)}
+    alive, gaps, offsets, end, high = [], [], {}, 0, 0     # alive: heap of (last reader, offset, size)
+    for p in sorted(positions, key=born.get):
+        while alive and alive[0][0] < born[p]:
+            _, offset, size = heapq.heappop(alive)
+            end = _freed(gaps, offset, size, end)
+        nbytes = replay.values[p][2]
+        size = -(-(nbytes + executor.SLACK_BYTES) // ALIGNMENT) * ALIGNMENT if nbytes else 0
+        found = next((j for j, (_, room) in enumerate(gaps) if room >= size), None)
+        if found is None:
+            offsets[p], end = end, end + size
+            high = max(high, end)
+        else:
+            offset, room = gaps[found]
+            offsets[p] = offset
+            if room > size:
+                gaps[found] = (offset + size, room - size)
+            else:
+                del gaps[found]
+        heapq.heappush(alive, (replay.last.get(p, born[p]), offsets[p], size))
+    return {p: offsets[p] for p in positions}, high
+
+
+def _freed(gaps, offset, size, end):
+    """Give [offset, offset + size) back to `gaps` (sorted, merged with its neighbours); a gap that
+    reaches the arena's `end` shrinks it instead. Returns the new end."""
+    j = bisect.bisect(gaps, (offset, size))
+    gaps.insert(j, (offset, size))
+    if j + 1 < len(gaps) and gaps[j][0] + gaps[j][1] == gaps[j + 1][0]:
+        gaps[j] = (gaps[j][0], gaps[j][1] + gaps.pop(j + 1)[1])
+    if j > 0 and gaps[j - 1][0] + gaps[j - 1][1] == gaps[j][0]:
+        gaps[j - 1] = (gaps[j - 1][0], gaps[j - 1][1] + gaps.pop(j)[1])
+    if gaps and gaps[-1][0] + gaps[-1][1] == end:
+        end = gaps.pop()[0]
+    return end
