@@ -19,7 +19,7 @@ import os
 
 from metagraph import flags
 from metagraph.codegen import bang_ops, clike
-from metagraph.codegen.compiled import CompiledBackend, template, thread_groups
+from metagraph.codegen.compiled import CompiledBackend, local_only, template, thread_groups
 from metagraph.codegen.toolchain import SharedObjects, compile_shared, probe_vector_math, toolchain_identity
 from metagraph.codegen.walker import op_form
 from metagraph.compiler import ir
@@ -142,12 +142,16 @@ class Renderer(clike.Renderer):
         return operand
 
     def body(self):
-        """The entry function's statements: outer loops shared by tasks, the rest on task 0."""
+        """The entry function's statements: outer loops shared by tasks, the rest on task 0, but
+        for what only fills NRAM arrays (compiled.local_only), which every task computes for its
+        own NRAM."""
         nodes = []
         for k, (loop, statements) in enumerate(thread_groups(self.kernel.body)):
             if k:
                 nodes.append({"kind": "lines", "lines": ["__sync_all();"]})
-            if loop is None:
+            if loop is None and local_only(statements):
+                nodes.extend(self.statement(s) for s in statements)
+            elif loop is None:
                 nodes.append({"kind": "task0", "body": [self.statement(s) for s in statements]})
             elif self.plan.program(loop) is not None:
                 nodes.append(self.tiles(loop, self.plan.program(loop), tasks=True))

@@ -15,7 +15,7 @@ from metagraph import flags
 from metagraph.codegen import bf16_gemm
 from metagraph.compiler import ir
 from metagraph.compiler.lower import Target
-from metagraph.compiler.nest import ACC_REGISTERS
+from metagraph.compiler.heuristic import ACC_REGISTERS
 from metagraph.errors import CompileError, MetagraphError, at  # noqa: F401  (the backends import it here)
 from metagraph.runtime import executor
 
@@ -68,6 +68,18 @@ def thread_groups(body, threaded=None):
     if serial:
         groups.append((None, serial))
     return groups
+
+
+def local_only(statements):
+    """Whether top-level statements define local arrays or accumulators and write no memory (a sum
+    hoisted out of a parallel loop): a code generator whose threads or tasks keep locals apart
+    (llvm's functions, bang's NRAM) has each thread compute them for itself."""
+    return any(isinstance(s, ir.Define) for s in statements) and not _writes_memory(statements)
+
+
+def _writes_memory(statements):
+    return any(isinstance(s, (ir.Store, ir.ScatterAccumulate)) or
+               isinstance(s, ir.Loop) and _writes_memory(s.body) for s in statements)
 
 
 def fused_product(statement, acc_dtype):

@@ -8,7 +8,7 @@ intrinsics, entry points and the OpenMP team that runs each outer parallel loop 
 a launch costs microseconds, and the team is the C backend's kernels').
 """
 from metagraph import flags
-from metagraph.codegen.compiled import CompiledBackend, template, thread_groups
+from metagraph.codegen.compiled import CompiledBackend, local_only, template, thread_groups
 from metagraph.codegen.llvm_ops import CAST, COMBINE, FLOAT_SUFFIX, INDEX, LTYPE, NARROW, OPS, WIDEN, constant
 from metagraph.codegen.llvm_toolchain import Toolchain
 from metagraph.codegen.walker import Walker, op_form
@@ -161,15 +161,26 @@ class Renderer(Walker):
             self.statement(s)
 
     def groups(self):
-        """Top-level statements as body functions: each outer loop worth threads on its own."""
-        groups = []
+        """Top-level statements as body functions: each outer loop worth threads on its own. The
+        statements before a threaded loop that define local arrays or accumulators (a sum hoisted
+        out of it, a packed operand) open that loop's function instead: each thread computes them
+        for its share (the functions hold their own allocas, so the loop could not read them from
+        a function apart; the threads compute them at once, so the time is the same)."""
+        groups, prefix = [], []
         for loop, statements in thread_groups(self.kernel.body):
+            if loop is None and local_only(statements):
+                prefix += statements
+                continue
             self.lines, self.allocas, self.block = [], [], "%entry"
-            if loop is None:
-                self.each(statements)
-            else:
+            self.each(prefix + (statements or []))
+            if loop is not None:
                 self.loop(loop, {}, "%start", "%end")
             groups.append({"extent": loop and loop.extent, "lines": self.lines, "allocas": self.allocas})
+            prefix = []
+        if prefix:
+            self.lines, self.allocas, self.block = [], [], "%entry"
+            self.each(prefix)
+            groups.append({"extent": None, "lines": self.lines, "allocas": self.allocas})
         return groups
 
 

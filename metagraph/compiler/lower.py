@@ -14,10 +14,11 @@ import math
 from dataclasses import dataclass, field, replace
 
 from metagraph import dtypes
-from metagraph.compiler import (cascade, contraction, decompose, flat_rows, gather, hoist, ir, lanes,
+from metagraph.compiler import (blocks, cascade, contraction, decompose, flat_rows, gather, hoist, ir, lanes,
                                 rewrites, rows)
 from metagraph.compiler.fusion import allow_depth, materialised
-from metagraph.compiler.nest import ACC_REGISTERS, TILE_FILL, Nest
+from metagraph.compiler.heuristic import ACC_REGISTERS, TILE_FILL, Heuristic
+from metagraph.compiler.schedule import Scheduling, applied
 from metagraph.compiler.simplify import simplify, substitute
 from metagraph.errors import IndexOutOfRange, MetagraphError, at
 from metagraph.expr import Binary, Const, Extra, Var, variables
@@ -38,6 +39,7 @@ class Step:
     tuned_from: str = None   # the heuristic kernel's name, where tuning chose this one instead
     in_place: tuple = ()     # positions of realised inputs read only at the output's own index, by
                              # an element-wise kernel: their buffer may become its output (donation)
+    reduction_schedule: tuple = ()   # the schedule.Rewrite steps applied to the reduction's plain nest
     name: str = field(init=False)
     blocked: bool = field(init=False)   # accumulates a block of outputs in a local array
 
@@ -73,9 +75,10 @@ class Target:
     are decomposed), how many vector registers a register tile may fill, and how many bytes past
     the end of a buffer the schedule allocates its kernels may read, how many threads run its
     kernels, and whether bfloat16 matmuls go to the AVX-512 BF16 host kernel (contraction.py);
-    `tile_fill` and `lane_gain` are the thresholds of the channel tile (nest.py) and the lane rule
-    (lanes.py), and `block` the block a reduction tries first (one of nest.BLOCKS, None: the
-    heuristic's), which tuning may vary per kernel."""
+    `tile_fill` and `lane_gain` are the thresholds of the channel tile (heuristic.py) and the lane
+    rule (lanes.py), `block` the block a reduction tries first (one of heuristic.BLOCKS, None: the
+    heuristic's order), and `steps` a reduction's whole schedule (schedule.Rewrite, applied to its
+    plain nest instead of the heuristic's); tuning may vary them per kernel."""
     renders: frozenset = None
     registers: int = ACC_REGISTERS
     slack: int = 0
@@ -84,6 +87,7 @@ class Target:
     tile_fill: float = TILE_FILL
     lane_gain: float = lanes.LANE_GAIN
     block: str = None
+    steps: tuple = None
 
 
 class _Refuse(Exception):
@@ -249,6 +253,7 @@ class _Lowering:
         self.visited = set()     # positions whose being in `chosen` decided what was built
         self.outer, self.outer_shape = None, None    # the output's own index, (shape, dtype)
         self.identical_reads = {}    # realised input position -> read only at `outer` so far
+        self.steps = None        # the heuristic's schedule of the reduction (schedule.Rewrite), if any
 
     # ---- parameters ------------------------------------------------------------------------
     def param(self, position, output=False):
@@ -464,13 +469,29 @@ class _Lowering:
         shape = "x".join(map(str, node.shape)) or "scalar"
         digest = hashlib.sha1(ir.describe((body, params)).encode()).hexdigest()[:8]
         kernel = ir.Kernel(f"{kind}_{shape}_{digest}", params, body, dict(self.extents))
-        return Step(kernel, positions, self.sites, in_place=in_place)
+        return Step(kernel, positions, self.sites, in_place=in_place,
+                    reduction_schedule=tuple(self.steps or ()))
 
     def loop_nest(self, node, store):
-        """Loops over the output around `store`, with the reduction (if any) inside (nest.py)."""
-        nest = Nest(self.extents, self.accumulator, self.target.registers, self.target.tile_fill,
-                    self.readable() if self.target.slack else None, self.target.block)
-        return nest.loops(node, store, self.reduce_parts)
+        """Loops over the output around `store`, the first the parallel one; a reduction's plain
+        nest (blocks.plain_nest) scheduled by the target's steps for this kernel where tuning chose
+        them, else by the heuristic (heuristic.py)."""
+        if self.reduce_parts is None:
+            body = [store]
+            for d in reversed(range(node.ndim)):
+                body = [ir.Loop(d, self.extents[d], ir.PARALLEL if d == 0 else ir.SERIAL, body)]
+            return body
+        acc_dtype, init, op, loops, value = self.reduce_parts
+        body = blocks.plain_nest(node.shape, self.extents, ir.Define("acc", acc_dtype, init, op), loops,
+                                 ir.Accumulate("acc", op, value), store)
+        if self.target.steps is not None:
+            self.steps = self.target.steps
+            return applied(body, self.extents, self.target.steps)
+        scheduling = Scheduling(body, self.extents)
+        Heuristic(scheduling, node.shape, acc_dtype.itemsize, self.target.registers, self.target.tile_fill,
+                  self.readable() if self.target.slack else None, self.target.block).schedule()
+        self.steps = scheduling.steps
+        return scheduling.body
 
     def readable(self):
         """Elements of each parameter (by number) a load may touch: a buffer this schedule

@@ -1,5 +1,5 @@
 """Autotuning remembered on disk: the search. A blocked reduction that takes long enough (its
-launches in one run, together) is lowered again in variants: every block of nest.BLOCKS that
+launches in one run, together) is lowered again in variants: every block of heuristic.BLOCKS that
 applies to it, other register budgets, no rounding up to whole vectors, channel tiles and lane
 accumulators where the heuristic would not use them or without them where it would. The cost
 model (compiler/cost.py) ranks the variants; the heuristic's own kernel and the KEEP - 1 cheapest
@@ -24,7 +24,7 @@ import numpy as np
 from metagraph import flags
 from metagraph.compiler import cost
 from metagraph.compiler.lower import relower
-from metagraph.compiler.nest import BLOCKS
+from metagraph.compiler.heuristic import BLOCKS
 from metagraph.runtime import executor
 
 MIN_SECONDS = 1e-3      # kernels whose launches in a run take less are not worth compiling variants for

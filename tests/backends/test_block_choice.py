@@ -1,4 +1,4 @@
-"""Every block a reduction can accumulate (compiler/nest.py's BLOCKS), chosen in place of the
+"""Every block a reduction can accumulate (compiler/heuristic.py's BLOCKS), chosen in place of the
 heuristic's as tuning does (`Target.block`), computes the same values: random contractions and
 convolution gradients on every code generator against the numpy oracle; and a block chosen where
 it does not apply leaves the heuristic's kernel as it was."""
@@ -14,7 +14,7 @@ import metagraph as mg
 import metagraph.nn.functional as F
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import Target, schedule
-from metagraph.compiler.nest import BLOCKS
+from metagraph.compiler.heuristic import BLOCKS
 from metagraph.ops.autograd import gradients
 from metagraph.ops.linalg import matmul
 from metagraph.pipeline import stored

@@ -1,7 +1,7 @@
 """Channel tiles: a reduction whose output row would be guarded lane by lane (a conv's input
 gradient over a small plane), read with a stride (a strided conv) or fill too few of its vectors'
 lanes (a conv over a small plane) is vectorised along an outer output dimension instead, the one operand that varies along it packed per tile
-(compiler/nest.py: `Nest.channel_tile`); the C code generator turns each lane-uniform mask into a
+(compiler/heuristic.py: `Heuristic.channel_tile`); the C code generator turns each lane-uniform mask into a
 branch around its vector loop. Checked on every backend against the oracle, at awkward shapes."""
 import os
 

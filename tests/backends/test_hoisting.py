@@ -51,6 +51,19 @@ def test_the_gradient_of_a_sum_through_linear_layers_sums_each_column_once(backe
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_a_sum_hoisted_before_a_loop_worth_threads_is_seen_by_every_thread(backend, monkeypatch):
+    """Large enough that the parallel loop after the hoisted sum runs on threads (tasks): llvm's
+    team functions and bang's tasks (NRAM of their own) each compute the sum for themselves
+    (codegen/compiled.local_only); llvm failed to compile it, bang's second task read garbage."""
+    monkeypatch.setattr(mg.flags, "NUM_THREADS", 2)
+    rng = np.random.default_rng(2)
+    x, w = _layer(rng, 256, 512), _layer(rng, 512, 256, grad=True)
+    (grad,) = mg.grad((x @ w).sum(), [w])
+    assert any(_hoisted_sums(k) for k in _kernels([grad.node], threads=2))
+    against_oracle(backend, [grad.node])
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 def test_a_sum_that_reads_every_loop_around_it_stays_inside(backend):
     rng = np.random.default_rng(1)
     x, w = _layer(rng, 4, 6, 16), _layer(rng, 24, 16, grad=True)

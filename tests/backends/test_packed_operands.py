@@ -1,6 +1,6 @@
 """Dot-product kernels (no vectorisable output row): the output loops reuse the largest operand,
 and an operand read with a stride along the reduction is copied once per reuse into a local
-array read contiguously (compiler/access.py: `reuse_order`; nest.py: `Nest.packed`). Checked
+array read contiguously (compiler/access.py: `reuse_order`; heuristic.py: `Heuristic.packed`). Checked
 on every backend against the oracle, at shapes that trigger it."""
 import numpy as np
 import pytest

@@ -11,7 +11,8 @@ import metagraph.nn.functional as F
 from metagraph.compiler import ir
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import Target, schedule
-from metagraph.compiler.nest import ACC_REGISTERS, VECTOR_BYTES
+from metagraph.compiler.access import VECTOR_BYTES
+from metagraph.compiler.heuristic import ACC_REGISTERS
 from metagraph.expr import Var, linear_terms
 from tests.backends.conftest import BACKENDS, against_oracle
 
