@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from metagraph import dtypes
 from metagraph.compiler import (blocks, cascade, contraction, decompose, flat_rows, gather, hoist, ir, lanes,
-                                rewrites, rows)
+                                rewrites, rows, search)
 from metagraph.compiler.fusion import allow_depth, materialised
 from metagraph.compiler.heuristic import ACC_REGISTERS, TILE_FILL, Heuristic
 from metagraph.compiler.schedule import Scheduling, applied
@@ -40,6 +40,7 @@ class Step:
     in_place: tuple = ()     # positions of realised inputs read only at the output's own index, by
                              # an element-wise kernel: their buffer may become its output (donation)
     reduction_schedule: tuple = ()   # the schedule.Rewrite steps applied to the reduction's plain nest
+    neighbours: tuple = ()   # step lists near the heuristic's (search.neighbours), when the target asks
     name: str = field(init=False)
     blocked: bool = field(init=False)   # accumulates a block of outputs in a local array
 
@@ -78,7 +79,8 @@ class Target:
     `tile_fill` and `lane_gain` are the thresholds of the channel tile (heuristic.py) and the lane
     rule (lanes.py), `block` the block a reduction tries first (one of heuristic.BLOCKS, None: the
     heuristic's order), and `steps` a reduction's whole schedule (schedule.Rewrite, applied to its
-    plain nest instead of the heuristic's); tuning may vary them per kernel."""
+    plain nest instead of the heuristic's); tuning may vary them per kernel, and asks for the
+    heuristic's neighbourhood (`search`: search.neighbours, kept on the Step)."""
     renders: frozenset = None
     registers: int = ACC_REGISTERS
     slack: int = 0
@@ -88,6 +90,7 @@ class Target:
     lane_gain: float = lanes.LANE_GAIN
     block: str = None
     steps: tuple = None
+    search: bool = False
 
 
 class _Refuse(Exception):
@@ -111,8 +114,17 @@ def schedule(graph, target=Target(), library=False, tuned=None):
             for position in refused.positions:
                 (unfusable if position in chosen else chosen).add(position)
     choices = [tuned(step.name) if tuned else None for step in steps]
-    return [step if choice in (None, target) else relower(graph, step, choice)
+    return [step if choice in (None, target) else _relowered(graph, step, choice)
             for step, choice in zip(steps, choices)]
+
+
+def _relowered(graph, step, target):
+    """relower, or `step` itself where the remembered target's steps do not apply to it (a cache
+    entry of another version or a damaged one is never trusted)."""
+    try:
+        return relower(graph, step, target)
+    except ValueError:
+        return step
 
 
 def relower(graph, step, target):
@@ -254,6 +266,7 @@ class _Lowering:
         self.outer, self.outer_shape = None, None    # the output's own index, (shape, dtype)
         self.identical_reads = {}    # realised input position -> read only at `outer` so far
         self.steps = None        # the heuristic's schedule of the reduction (schedule.Rewrite), if any
+        self.neighbours = ()     # step lists near it (Target.search)
 
     # ---- parameters ------------------------------------------------------------------------
     def param(self, position, output=False):
@@ -470,7 +483,7 @@ class _Lowering:
         digest = hashlib.sha1(ir.describe((body, params)).encode()).hexdigest()[:8]
         kernel = ir.Kernel(f"{kind}_{shape}_{digest}", params, body, dict(self.extents))
         return Step(kernel, positions, self.sites, in_place=in_place,
-                    reduction_schedule=tuple(self.steps or ()))
+                    reduction_schedule=tuple(self.steps or ()), neighbours=tuple(self.neighbours))
 
     def loop_nest(self, node, store):
         """Loops over the output around `store`, the first the parallel one; a reduction's plain
@@ -487,10 +500,12 @@ class _Lowering:
         if self.target.steps is not None:
             self.steps = self.target.steps
             return applied(body, self.extents, self.target.steps)
-        scheduling = Scheduling(body, self.extents)
+        plain, scheduling = (body, dict(self.extents)), Scheduling(body, self.extents)
         Heuristic(scheduling, node.shape, acc_dtype.itemsize, self.target.registers, self.target.tile_fill,
                   self.readable() if self.target.slack else None, self.target.block).schedule()
         self.steps = scheduling.steps
+        if self.target.search:
+            self.neighbours = search.neighbours(*plain, scheduling.steps)
         return scheduling.body
 
     def readable(self):

@@ -1,7 +1,8 @@
 """Autotuning remembered on disk: the search. A blocked reduction that takes long enough (its
 launches in one run, together) is lowered again in variants: every block of heuristic.BLOCKS that
 applies to it, other register budgets, no rounding up to whole vectors, channel tiles and lane
-accumulators where the heuristic would not use them or without them where it would. The cost
+accumulators where the heuristic would not use them or without them where it would, and schedules
+near the heuristic's (compiler/search.py: other tile widths and jams). The cost
 model (compiler/cost.py) ranks the variants; the heuristic's own kernel and the KEEP - 1 cheapest
 others are compiled and timed on the buffers the kernel has just run on, and the fastest is
 remembered in the kernel cache, so that every later schedule and every later process uses it
@@ -22,7 +23,7 @@ from dataclasses import replace
 import numpy as np
 
 from metagraph import flags
-from metagraph.compiler import cost
+from metagraph.compiler import cost, schedule
 from metagraph.compiler.lower import relower
 from metagraph.compiler.heuristic import BLOCKS
 from metagraph.runtime import executor
@@ -37,8 +38,19 @@ def _block(text):
     return None if text == "None" else text
 
 
+def _steps(text):
+    """A remembered step list (schedule.text), or None (written "None") for the heuristic's."""
+    return None if text == "None" else tuple(schedule.parsed(text))
+
+
 _TUNED = (("registers", int), ("slack", int), ("tile_fill", float), ("lane_gain", float),
-          ("block", _block))     # remembered
+          ("block", _block), ("steps", _steps))     # remembered
+
+
+def _written(target):
+    """The remembered fields of a target as the cache's text: one word each."""
+    return " ".join(schedule.text(target.steps) if field == "steps" and target.steps is not None
+                    else str(getattr(target, field)) for field, _ in _TUNED)
 
 
 def tunable(step):
@@ -68,16 +80,27 @@ class Tuner:
                 *(replace(target, block=block, registers=registers)
                   for block in BLOCKS for registers in budgets)]
 
+    def neighbours(self, graph, step):
+        """The backend's target with each step list near the heuristic's schedule of `step`
+        (compiler/search.py: other jam rows and tile widths, one jam more or less, no rounding up
+        or packing) in place of it."""
+        target = self.pipeline.target
+        near = relower(graph, step, replace(target, search=True)).neighbours
+        return [replace(target, steps=steps) for steps in near]
+
     def get(self, name):
         """The target remembered for the kernel `name` (its register budget, slack, tile fill,
-        lane gain and block as text in the cache), or None."""
+        lane gain, block and step list as text in the cache), or None."""
         text = self.cache.tuned(name)
         if text is None:
             return None
         parts = text.split()
         if len(parts) != len(_TUNED):
             return None          # written by another version: tuned again
-        chosen = {field: kind(part) for (field, kind), part in zip(_TUNED, parts)}
+        try:
+            chosen = {field: kind(part) for (field, kind), part in zip(_TUNED, parts)}
+        except ValueError:
+            return None          # not ours, or damaged: tuned again, never trusted
         return replace(self.pipeline.target, **chosen)
 
     def wanted(self, run):
@@ -96,7 +119,7 @@ class Tuner:
         start = time.perf_counter()
         best = self.fastest(graph, step, buffers)
         self.spent += time.perf_counter() - start
-        self.cache.remember(name, " ".join(str(getattr(best[0], field)) for field, _ in _TUNED))
+        self.cache.remember(name, _written(best[0]))
         entry.steps[i], entry.functions[i], entry.sources[i] = best[1].compiled(), best[2], best[3]
         if flags.DEBUG:
             choice = ", ".join(f"{field} {getattr(best[0], field)}" for field, _ in _TUNED)
@@ -107,7 +130,7 @@ class Tuner:
         """(target, step, function, source) of the fastest of `step`'s variants that are timed:
         the heuristic's and the KEEP - 1 the cost model ranks cheapest."""
         variants, seen = [], set()
-        for choice in self.candidates():
+        for choice in self.candidates() + self.neighbours(graph, step):
             other = relower(graph, step, choice)
             source = self.pipeline.render([other.kernel])
             if source not in seen:

@@ -89,6 +89,44 @@ def test_every_variant_computes_the_same_numbers(fresh_backend, monkeypatch, gra
         np.testing.assert_allclose(result, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("graph", [_conv, _weight_gradient, lambda: _weight_gradient(8, 16)])
+def test_every_schedule_near_the_heuristic_computes_the_same_numbers(fresh_backend, monkeypatch, graph):
+    """The search's step lists (compiler/search.py), each given to its kernel as tuning's remembered
+    choice would be, against the oracle; and they are kernels of their own."""
+    from metagraph.compiler.graph import pending_graph
+    monkeypatch.setattr(mg.flags, "TUNE", 0)
+    want = NumpyBackend().realize([graph().node])[0]
+    backend = fresh_backend()
+    backend.realize([graph().node])
+    (step,) = [step for step in _steps(backend) if tuning.tunable(step)]
+    near = backend.tuner.neighbours(pending_graph([graph().node]), step)
+    assert near
+    names = set()
+    for target in near:
+        monkeypatch.setattr(mg.flags, "TUNE", 30)
+        chosen = fresh_backend()
+        monkeypatch.setattr(chosen.tuner, "get", lambda name, target=target: target if name == step.name else None)
+        monkeypatch.setattr(chosen.tuner, "wanted", lambda run: False)
+        np.testing.assert_allclose(chosen.realize([graph().node])[0], want, rtol=1e-4, atol=1e-4)
+        names |= {other.name for other in _steps(chosen) if other.tuned_from == step.name}
+    assert len(names) == len(near)
+
+
+def test_a_remembered_schedule_that_does_not_apply_is_not_trusted(fresh_backend, monkeypatch):
+    from metagraph.compiler.schedule import Rewrite
+    from metagraph.compiler.lower import Target
+    want = NumpyBackend().realize([_conv().node])[0]
+    backend = fresh_backend()
+    monkeypatch.setattr(backend.tuner, "get", lambda name: Target(steps=(Rewrite("jam", (99, 2)),)))
+    monkeypatch.setattr(backend.tuner, "wanted", lambda run: False)
+    np.testing.assert_allclose(backend.realize([_conv().node])[0], want, rtol=1e-5, atol=1e-5)
+    (step,) = [step for step in _steps(backend) if tuning.tunable(step)]
+    assert step.tuned_from is None                      # the heuristic's kernel, not a broken one
+    tuner = fresh_backend().tuner        # (the patches above were on another pipeline's tuner)
+    tuner.cache.remember("r_kernel", '32 128 0.75 1.5 None [["eval",[1]]]')
+    assert tuner.get("r_kernel") is None
+
+
 def test_tuning_off_or_out_of_time_times_nothing(fresh_backend, monkeypatch):
     monkeypatch.setattr(mg.flags, "TUNE", 0)
     backend = fresh_backend()
