@@ -88,8 +88,8 @@ class Heuristic:
     def channel_tile(self, s, loops, chosen=False):
         """A block of one vector along an outer output dimension v (a conv's channels) where the
         output row's vectorised loop would be guarded lane by lane (a conv's input gradient over a
-        small plane: its window's border), read with a stride (a strided conv whose weights take
-        a gradient, so its input is not split into phases: 4.9 -> 1.0 ms in ResNet-18's step) or
+        small plane: its window's border), read with a stride (a strided conv: 4.9 -> 1.0 ms in ResNet-18's training
+        step) or
         fill less than `tile_fill` of its vectors' lanes (a conv over an 8x8 or smaller plane):
         the only operand that varies along v, which reads nothing but v and the reduction, is
         packed per tile of v, v innermost, at the start of the tile's loop, which becomes the

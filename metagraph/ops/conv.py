@@ -71,30 +71,22 @@ def _padding(op, padding, kernel, dilation, stride):
     return tuple((p, p) for p in pair(op, padding, "padding"))
 
 
-def _window(x, loop, lead, rows, cols, padding, fill, split=True):
+def _window(x, loop, lead, rows, cols, padding, fill):
     """A view of NCHW x over `loop` reading x[lead..., row, col]: rows and cols are (output axis,
     stride, tap axis, dilation) of `loop`, `padding` (top, left) how far windows start before x,
-    and outside x the view gives `fill`.
-
-    With padding, windows read a padded view of x, which fusion materialises as a copy bordered
-    by `fill` (no bounds test per element in the kernel). With `split`, its columns are split by
-    the column stride into phases (col = stride * j + phase, the copy (N, C, rows, stride,
-    cols / stride)), so that a strided window reads each phase at unit stride and vectorises as
-    a stride-1 one (ResNet-18 bs8 224^2 inference: its stem conv from 56 to 17 ms, the 3x3/2
-    max-pool from 35 to 3)."""
+    and outside x the view gives `fill`. With padding, windows read a padded view of x, which
+    fusion materialises as a copy bordered by `fill` (no bounds test per element in the kernel).
+    How a strided window is read fast is the compiler's business (a channel tile vectorises along
+    the output channels), not the graph's."""
     (out_row, s0, tap_row, d0), (out_col, s1, tap_col, d1) = rows, cols
     top, left = padding
-    row, col_tap = Var(out_row) * s0 + Var(tap_row) * d0, Var(tap_col) * d1
+    row, col = Var(out_row) * s0 + Var(tap_row) * d0, Var(out_col) * s1 + Var(tap_col) * d1
     if not top and not left:
-        return view(x, loop, lead + [row, Var(out_col) * s1 + col_tap], fill)
+        return view(x, loop, lead + [row, col], fill)
     height = (loop[out_row] - 1) * s0 + (loop[tap_row] - 1) * d0 + 1      # the rows windows read
-    width = -(-((loop[out_col] - 1) * s1 + (loop[tap_col] - 1) * d1 + 1) // s1) * s1
-    if s1 == 1 or not split:
-        padded = view(x, x.shape[:2] + (height, width), [Var(0), Var(1), Var(2) - top, Var(3) - left], fill)
-        return view(padded, loop, lead + [row, Var(out_col) * s1 + col_tap])
-    padded = view(x, x.shape[:2] + (height, s1, width // s1),
-                  [Var(0), Var(1), Var(2) - top, Var(4) * s1 + Var(3) - left], fill)
-    return view(padded, loop, lead + [row, col_tap % s1, Var(out_col) + col_tap // s1])
+    width = (loop[out_col] - 1) * s1 + (loop[tap_col] - 1) * d1 + 1
+    padded = view(x, x.shape[:2] + (height, width), [Var(0), Var(1), Var(2) - top, Var(3) - left], fill)
+    return view(padded, loop, lead + [row, col])
 
 
 @recorded
@@ -124,10 +116,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         weight = view(weight, (k, cg, kh, kw), [Var(0), Var(1), Var(2) + r0, Var(3) + c0])
     channel = Var(4) if groups == 1 else (Var(1) // (k // groups)) * cg + Var(4)
     loop = (n, k, ho, wo, cg, kh, kw)
-    # a weight gradient would read the window across the copy's column phases: no split then
-    split = not (GradMode.enabled and weight.requires_grad)
     window = _window(x, loop, [Var(0), channel], (2, stride[0], 5, dilation[0]),
-                     (3, stride[1], 6, dilation[1]), (pt, pl), 0, split)
+                     (3, stride[1], 6, dilation[1]), (pt, pl), 0)
     taps = view(weight, loop, [Var(1), Var(4), Var(5), Var(6)])
     out = contract(window, taps, (4, 5, 6))
     if bias is not None:

@@ -55,8 +55,7 @@ CASES = {    # name: (graph, the tiled output dimension or None)
     "float64, 16 channels (8 lanes)": (
         lambda: _gradient(_data(2, 16, 3, 3, dtype=np.float64, grad=True),
                                 _data(3, 16, 3, 3, dtype=np.float64), padding=1), 1),
-    # a strided conv whose weights take a gradient reads its input at stride 2 along the row (no
-    # phase split): tiled along its filters
+    # a strided conv reads its input at stride 2 along the row: tiled along its filters
     "stride-2 forward conv, weights with a gradient": (
         lambda: F.conv2d(_data(2, 8, 9, 7), _data(32, 8, 3, 3, grad=True), stride=2, padding=1).node, 1),
     # a 1x1 stride-2 conv's weight gradient (32, 8, 1, 1): its row is the 8 input channels (the

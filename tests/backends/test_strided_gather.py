@@ -16,8 +16,7 @@ R = np.random.default_rng(5)
 
 
 def _input_gradient(x_shape, w_shape, weights=None, **conv):
-    """The input gradient of a conv whose weights take a gradient too (as in training: the conv
-    then reads its input unsplit; without one it reads a copy split into stride phases)."""
+    """The input gradient of a conv whose weights take a gradient too (as in training)."""
     x = mg.tensor(R.standard_normal(x_shape).astype(np.float32), requires_grad=True)
     w = mg.tensor(R.standard_normal(w_shape).astype(np.float32) if weights is None else weights,
                   requires_grad=True)
