@@ -118,7 +118,8 @@ def realize(nodes):
         pending = list({node.id: node for node in pending}.values())     # each node once
     if not pending:
         return
-    get_backend()
+    if _active is None:
+        get_backend()
     if PENDING_COPIES:
         _make_copies(pending)
     groups = {}         # by the backend of their device (None: the active one)

@@ -96,8 +96,9 @@ class Pipeline:
         began = time.perf_counter()
         graph = pending_graph(outputs)
         key = (graph.key, flags.LIBRARY)
-        entry = self.schedules.get(key) or self._stored_schedule(graph) or self._scheduled(graph, began)
-        if key not in self.schedules:
+        entry = self.schedules.get(key)         # (one lookup: a large graph's key takes long to hash)
+        if entry is None:
+            entry = self._stored_schedule(graph) or self._scheduled(graph, began)
             if len(self.schedules) >= SCHEDULE_CACHE_SIZE:
                 self.schedules.pop(next(iter(self.schedules)))
             self.schedules[key] = entry
@@ -122,18 +123,23 @@ class Pipeline:
 
     def _run(self, graph, entry, outputs):
         """Launch the schedule's kernels; on the run tuning wants, each slow kernel's variants are
-        timed just after it ran, while its inputs are live (so the run holds nothing longer)."""
+        timed just after it ran, while its inputs are live (so the run holds nothing longer). From
+        its REPLAY_FROM-th run (tuning's is the second) a schedule is replayed when nothing wants
+        each kernel seen from Python (a profile times each one) and its values live in host memory
+        (a device's buffers are not C pointers)."""
+        memory = self.generator.memory_for(outputs)
+        if (entry.runs >= REPLAY_FROM and memory is executor.HOST and not flags.CHECK and not flags.DEBUG
+                and replay.ENABLED and profiler.current() is None):
+            replaying = entry.replay_plan
+            if replaying is None:
+                replaying = entry.replayer(graph)
+            if replaying:
+                return replaying.run(graph, explain_failure)
         tuning = self.generator.tunable and self.tuner.wanted(entry.runs)
         names = [step.name for step in entry.steps] if tuning else None
-        memory = self.generator.memory_for(outputs)
         checked = bool(flags.CHECK)      # checking reads every step's inputs: nothing is dropped
         donations = None if checked or memory is not executor.HOST else entry.donations   # host buffers
         report = profiler.current()
-        if (entry.runs >= REPLAY_FROM and donations is not None and report is None and not tuning
-                and not flags.DEBUG and replay.ENABLED):
-            replaying = entry.replayer(graph)     # (a profile times each kernel: launched one by one)
-            if replaying is not None:
-                return replaying.run(graph, explain_failure)
         buffers = executor.run(graph, entry.steps, entry.functions, entry.sources,
                                oracle=check_against_oracle if checked else None,
                                tune=partial(self.tuner.tune, graph, entry) if tuning else None,

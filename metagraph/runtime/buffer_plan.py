@@ -28,6 +28,7 @@ class Layout:
 
     def __init__(self, replay, decision):
         ffi, steps = replay.ffi, replay.steps
+        self._new, self._null = ffi.new, ffi.NULL
         given = decision[:len(replay.donor_steps)]
         dropped = {p for p, gone in zip(replay.dead, decision[len(replay.donor_steps):]) if gone}
         self.donated = {}       # donated input -> the step that writes over it
@@ -70,6 +71,21 @@ class Layout:
         self.arg_slot = ffi.new("int64_t[]", argument_slots)
         self.slack_at = ffi.new("int64_t[]", [replay.values[p][2] if p in self.offsets else -1
                                               for p in replay.outputs_of])
+        self.plan = ffi.new("metagraph_plan *", {     # (its arrays are this object's and replay's)
+            "kernels": replay.kernels, "arg_start": self.arg_start, "arg_slot": self.arg_slot,
+            "slack_at": self.slack_at, "count": self.slot_count, "slack": executor.SLACK_BYTES})
+        self.slot_type, self.slot_length = replay.slot_type, self.slot_count + 1 + replay.max_args
+        self.spare = []         # slot arrays of finished runs, taken again (list.pop is atomic)
+
+    def slots(self):
+        """A run's slot array (the slots, the error word, a step's arguments): a finished run's, its
+        error word cleared, or a new one. Every slot a kernel reads is written before it runs."""
+        try:
+            slots = self.spare.pop()        # (another thread may have taken the last one)
+        except IndexError:
+            return self._new(self.slot_type, self.slot_length)
+        slots[self.slot_count] = self._null
+        return slots
 
     def array(self, position, buffers, arena, allocated):
         """The array of a value in a run: its own, or a view of its place in the arena or of the

@@ -46,25 +46,31 @@ LOOP_SOURCE = r"""
 
 typedef void (*metagraph_kernel)(char **, int64_t *);
 
-/* Launch steps [first, last). `slots` holds `count` addresses, then the error word, then room for
-   the arguments of a step: step i's are slots[arg_slot[arg_start[i] .. arg_start[i + 1])]. An
-   output placed in the arena has its slack zeroed first (slack_at: where it begins, or -1); a step
-   without a kernel (an empty output) is skipped. Returns the step whose check failed (its number
-   is in the error word), or last. */
-int64_t metagraph_replay(int64_t first, int64_t last, metagraph_kernel *kernels,
-                         const int64_t *arg_start, const int64_t *arg_slot, const int64_t *slack_at,
-                         char **slots, int64_t count, int64_t slack)
+/* What a buffer plan's runs share (one per runtime/buffer_plan.Layout): step i's arguments are
+   slots[arg_slot[arg_start[i] .. arg_start[i + 1])]; an output placed in the arena has its slack
+   zeroed first (slack_at: where it begins, or -1); `count` slots precede the error word. */
+typedef struct {
+    metagraph_kernel *kernels;
+    const int64_t *arg_start, *arg_slot, *slack_at;
+    int64_t count, slack;
+} metagraph_plan;
+
+/* Launch steps [first, last). `slots` holds the plan's `count` addresses, then the error word,
+   then room for the arguments of a step. A step without a kernel (an empty output) is skipped.
+   Returns the step whose check failed (its number is in the error word), or last. */
+int64_t metagraph_replay(int64_t first, int64_t last, const metagraph_plan *plan, char **slots)
 {
-    int64_t *error = (int64_t *)(slots + count);
-    char **args = slots + count + 1;
+    int64_t *error = (int64_t *)(slots + plan->count);
+    char **args = slots + plan->count + 1;
+    const int64_t *arg_start = plan->arg_start, *arg_slot = plan->arg_slot;
     for (int64_t i = first; i < last; i++) {
-        if (!kernels[i])
+        if (!plan->kernels[i])
             continue;
         for (int64_t a = arg_start[i], j = 0; a < arg_start[i + 1]; a++, j++)
             args[j] = slots[arg_slot[a]];
-        if (slack_at[i] >= 0)
-            memset(args[0] + slack_at[i], 0, (size_t)slack);
-        kernels[i](args, error);
+        if (plan->slack_at[i] >= 0)
+            memset(args[0] + plan->slack_at[i], 0, (size_t)plan->slack);
+        plan->kernels[i](args, error);
         if (*error)
             return i;
     }
@@ -81,9 +87,12 @@ void metagraph_place(char **slots, const int64_t *slot, const int64_t *offset, i
 
 _DECLARATIONS = """
 typedef void (*metagraph_kernel)(char **, int64_t *);
-int64_t metagraph_replay(int64_t first, int64_t last, metagraph_kernel *kernels,
-                         const int64_t *arg_start, const int64_t *arg_slot, const int64_t *slack_at,
-                         char **slots, int64_t count, int64_t slack);
+typedef struct {
+    metagraph_kernel *kernels;
+    const int64_t *arg_start, *arg_slot, *slack_at;
+    int64_t count, slack;
+} metagraph_plan;
+int64_t metagraph_replay(int64_t first, int64_t last, const metagraph_plan *plan, char **slots);
 void metagraph_place(char **slots, const int64_t *slot, const int64_t *offset, int64_t count, char *base);
 """
 
@@ -131,6 +140,7 @@ class Replay:
         """`plan`: the schedule's donation.Plan; `dead`: executor.dead_after(steps, ...); `reads`:
         executor.external_reads(steps, ...)."""
         self.ffi, self.library = native_loop()
+        self.slot_type = self.ffi.typeof("char *[]")
         nodes = graph.nodes
         self.steps, self.functions, self.plan, self.reads = steps, functions, plan, reads
         self.outputs_of = [step.positions[0] for step in steps]
@@ -157,6 +167,9 @@ class Replay:
         self.layouts = {}       # decision -> Layout
         self.realised = [k for k, node in enumerate(nodes) if node.buffer is not None and node.op != "const"]
         self.flagged = sorted(set(self.outputs_of) | set(graph.outputs))
+        # whether a run decides anything (_decide): donations, or values that die and that autograd
+        # might keep (requires_grad is not in the key, so that is asked at every run)
+        self.decides = bool(self.donor_steps or self.dead)
         self.all_dropped = (True,) * len(self.dead)
         self.memo = None        # (fingerprint, {position: Donations.unshared}) of the last walks
         self.laid = {}          # input position -> weak reference to the array last found laid out
@@ -168,7 +181,7 @@ class Replay:
         Realisations.count += 1
         nodes = graph.nodes
         buffers = {k: nodes[k].buffer for k in self.reads}
-        decision = self._decide(graph, buffers)
+        decision = self._decide(graph, buffers) if self.decides else ()
         layout = self.layouts.get(decision)
         if layout is None:
             layout = buffer_plan.Layout(self, decision)
@@ -176,8 +189,8 @@ class Replay:
                 self.layouts = {}               # (replaced, not cleared: other threads may read it)
             self.layouts[decision] = layout
         ffi, library = self.ffi, self.library
-        from_buffer, count = ffi.from_buffer, layout.slot_count
-        slots = ffi.new("char *[]", count + 1 + self.max_args)     # the slots, error word, arguments
+        from_buffer, plan = ffi.from_buffer, layout.plan
+        slots = layout.slots()
         arena, allocated, finished = None, [], 0
         try:
             for slot, k in layout.read_slots:
@@ -207,15 +220,15 @@ class Replay:
                     site = int(error[0])
                     finished = first if site else first + 1
                 else:
-                    finished = library.metagraph_replay(first, last, self.kernels, layout.arg_start,
-                                                        layout.arg_slot, layout.slack_at, slots, count, slack)
-                    site = 0 if finished == last else int(ffi.cast("int64_t", slots[count]))
+                    finished = library.metagraph_replay(first, last, plan, slots)
+                    site = 0 if finished == last else int(ffi.cast("int64_t", slots[layout.slot_count]))
                 if site:
                     self._fail(graph, finished, site, layout, (buffers, arena, allocated), explain)
         except BaseException:
             if layout.donated:          # what the finished steps computed must not need a donor
                 self._keep_finished(graph, layout, (buffers, arena, allocated), finished)
             raise
+        layout.spare.append(slots)          # (a failed run's slots are not used again)
         for donor, kept in layout.moves:
             array = buffers.pop(donor)
             if kept is not None:

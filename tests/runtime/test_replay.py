@@ -136,6 +136,27 @@ def test_a_replayed_run_launches_natively_and_allocates_what_its_plan_says(repla
     assert len(launched) == len(entry.steps)
 
 
+def test_replayed_runs_reuse_their_plans_slot_array_and_clear_its_error_word(replays, rng):
+    table = mg.tensor(np.arange(10, dtype=np.float32))
+    mg.sync(table)
+    for _ in range(4):
+        np.testing.assert_array_equal(_gather(table, np.array([1, 2])), [2, 4])
+    layout = next(iter(replays[-1].layouts.values()))
+    made = []
+    new = layout._new
+
+    def counted(*args):
+        made.append(args)
+        return new(*args)
+    layout._new = counted
+    with pytest.raises(mg.IndexOutOfRange):        # sets the error word of the array it ran with
+        _gather(table, np.array([1, 99]))
+    for _ in range(3):
+        np.testing.assert_array_equal(_gather(table, np.array([3, 4])), [6, 8])
+    assert len(made) == 1                    # a failed run's array is not handed out again
+    assert len(layout.spare) == 1
+
+
 def test_library_steps_run_from_python_between_native_stretches(replays, rng, monkeypatch):
     monkeypatch.setattr(mg.flags, "LIBRARY", 1)
     a = rng.standard_normal((16, 16)).astype(np.float32)
