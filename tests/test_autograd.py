@@ -154,3 +154,19 @@ def test_grad_releases_the_graph_unless_retained_and_create_graph_retains_it():
     g, = mg.grad(y, [x], create_graph=True)
     g2, = mg.grad(y, [x])                            # create_graph retained it
     assert g.item() == g2.item() == 12.0
+
+
+def test_gradient_nodes_record_their_forward_composite_and_the_context_is_restored():
+    from metagraph.ops import node as nodes
+    x = mg.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    y = mg.nn.functional.softmax(x * 2.0, dim=0)
+    grads = mg.grad((y * y).sum(), [x])
+    assert nodes._building.get() is None
+    walk, names = [grads[0].node], set()
+    while walk:
+        node = walk.pop()
+        if node.composite is not None:
+            names.add(node.composite)
+        walk.extend(node.inputs)
+    assert {"softmax_backward", "mul_backward"} <= names
+    assert grads[0].node.location[0] == __file__

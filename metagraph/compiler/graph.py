@@ -60,6 +60,7 @@ def pending_graph(outputs):
                     entry((node.signature or node_signature(node), position[inputs[0].id],
                            position[inputs[1].id]))
                 else:
-                    entry((node.signature or node_signature(node), *[position[source.id] for source in inputs]))
+                    entry((node.signature or node_signature(node),
+                           *[position[source.id] for source in inputs]))
     output_positions = tuple([position[node.id] for node in outputs])
     return PendingGraph(nodes, list(output_positions), (tuple(signature), output_positions), position)

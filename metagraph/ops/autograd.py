@@ -13,7 +13,7 @@ has."""
 from collections import OrderedDict
 
 from metagraph.errors import MetagraphError, fail, user_location
-from metagraph.ops.node import GradMode, built_for_gradient, located
+from metagraph.ops.node import GradientWalk, GradMode
 from metagraph.ops.recorded import recorded_rule
 from metagraph.ops.table import TABLE
 
@@ -63,8 +63,8 @@ def gradients(outputs, output_grads, create_graph=False, retain_graph=None, op="
                                      "to the first call to walk it again")
     previous, GradMode.enabled = GradMode.enabled, create_graph
     try:
-        with located(user_location()):
-            grads = _accumulated(order, outputs, output_grads)
+        with GradientWalk(user_location()) as walk:
+            grads = _accumulated(order, outputs, output_grads, walk)
     finally:
         GradMode.enabled = previous
     if not (create_graph if retain_graph is None else retain_graph):
@@ -96,9 +96,10 @@ def grad_hooks(node):
     return node.grad_hooks
 
 
-def _accumulated(order, outputs, output_grads):
+def _accumulated(order, outputs, output_grads, walk):
     """Each node's gradient, in an order where a node comes after every consumer in the walk (so its
-    gradient is complete): its hooks run, then its rule sends the gradient on to its inputs."""
+    gradient is complete): its hooks run, then its rule sends the gradient on to its inputs (built
+    in `walk`, a node.GradientWalk)."""
     grads = {}
     for node, grad in zip(outputs, output_grads):
         grads[node.id] = grad if node.id not in grads else grads[node.id] + grad
@@ -135,7 +136,7 @@ def _accumulated(order, outputs, output_grads):
             grad = grads[node.id] = _hooked(node, grad)
         if node.leaf:
             continue
-        source_grads = tuple(_rule(node, grad)) if grad is not None else ()
+        source_grads = tuple(_rule(node, grad, walk)) if grad is not None else ()
         count = len(source_grads)
         for k, source in enumerate(node.inputs):
             if not source.requires_grad:
@@ -156,12 +157,12 @@ def _accumulated(order, outputs, output_grads):
     return grads
 
 
-def _rule(node, grad):
+def _rule(node, grad, walk):
     """The gradients of node's inputs, as nodes that record `<node's composite>_backward`."""
     rule = _RULES[node.op]
     if rule is None:
         raise MetagraphError(f"internal: {node.op} has no gradient but requires grad")
-    return built_for_gradient(node, rule, grad)
+    return walk.built(node, rule, grad)
 
 
 def _hooked(node, grad):

@@ -35,7 +35,7 @@ def recorded(composite):
     def call(*args, **kwargs):
         nodes = []
         try:
-            key = (composite, _describe(args, nodes), GradMode.enabled, AutocastMode.dtype)
+            key = (composite, _arguments(args, nodes), GradMode.enabled, AutocastMode.dtype)
             if kwargs:
                 key += (_describe(kwargs, nodes),)
         except _Unkeyable:
@@ -93,6 +93,24 @@ def recorded_rule(rule, name):
 _ITSELF = frozenset({int, str, type(None), DType})      # the arguments that describe themselves
 
 
+def _arguments(args, nodes):
+    """_describe of a call's positional arguments, most often nodes, described here without a call
+    per argument (a third of a small composite's key)."""
+    described = []
+    for value in args:
+        if type(value) is Node:
+            for k, seen in enumerate(nodes):
+                if seen is value:
+                    described.append((Node, k))
+                    break
+            else:
+                nodes.append(value)
+                described.append((value.shape, value.dtype, value.requires_grad))
+        else:
+            described.append(value if type(value) in _ITSELF else _describe(value, nodes))
+    return tuple(described)
+
+
 def _describe(value, nodes):
     """A hashable description of an argument. Node arguments are appended to `nodes` and
     described by shape, dtype and requires_grad, or by the position of an earlier argument that
@@ -138,11 +156,10 @@ class Template:
         location, composite = replay_context(self.name)
         slots = arguments
         slots += self.constants
+        replayed, add = Node.replayed, slots.append
         for op, attrs, shape, dtype, requires_grad, leaf, node_signature, inputs in self.steps:
-            node = Node(op, inputs(slots), attrs, shape, dtype, requires_grad, None, location, composite)
-            node.leaf = leaf
-            node.signature = node_signature
-            slots.append(node)
+            add(replayed(op, inputs(slots), attrs, shape, dtype, requires_grad, leaf, node_signature,
+                         location, composite))
         return self.fill(slots)
 
 

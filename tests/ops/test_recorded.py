@@ -52,6 +52,32 @@ def test_a_replay_builds_the_graph_a_call_builds(requires_grad):
     np.testing.assert_allclose(again.numpy(), want / want.sum(1, keepdims=True), rtol=1e-6)
 
 
+def _slots(node, names):
+    """Every slot of a node but its id and site, its inputs by their numbers in `names`."""
+    found = {name: getattr(node, name) for name in Node.__slots__ if name not in ("id", "site", "__weakref__")}
+    found["inputs"] = tuple(names.setdefault(id(source), len(names)) for source in node.inputs)
+    return found
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_a_replayed_node_has_every_slot_a_built_one_has(requires_grad):
+    from metagraph.ops import math as m
+    x = mg.tensor(_data(5, 7).astype(np.float32), requires_grad=requires_grad).node
+    composite = recorded(lambda a: m.sub(m.exp(m.mul(a, 2.0)), 1.0))
+    built, replayed = composite(x), composite(x)
+    names = [{id(x): 0}, {id(x): 0}]
+    pairs, stack = 0, [(built, replayed)]
+    while stack:
+        a, b = stack.pop()
+        if a is b:
+            continue
+        assert _slots(a, names[0]) == _slots(b, names[1])
+        assert b.id > a.id and len(b.site) == 2
+        pairs += 1
+        stack.extend(zip(a.inputs, b.inputs))
+    assert pairs >= 3
+
+
 def test_gradients_through_a_replay():
     data = _data(3, 4)
     grads = []
