@@ -339,7 +339,8 @@ def pack(body, param, ordinal, at, loops, fixed, extents):
     if at is not None and at not in chain:
         raise ValueError(f"pack: {at} is not an output loop")
     if at is None and chain:        # (code generators may run the parallel loop as functions apart)
-        raise ValueError(f"pack: a copy made before the parallel loop {chain[0]} would be shared by its threads")
+        raise ValueError(f"pack: a copy made before the parallel loop {chain[0]} would be shared by its "
+                         "threads")
     depth = 0 if at is None else chain.index(at) + 1
     inside = {loop.var: loop.extent for loop in nest.chain[depth:] + nest.reductions + nest.accumulating}
     if any(inside.get(var) != extent for var, extent in loops) or \
