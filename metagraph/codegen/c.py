@@ -22,7 +22,6 @@ HOST_CTYPE = dict(CTYPE, float16="uint16_t")
 # the OpenMP reduction clause's operator of an accumulation
 REDUCTION = {"add": "+", "mul": "*", "max": "max", ("add", "bool"): "|", ("mul", "bool"): "&",
              ("max", "bool"): "|"}
-THREADS = flags.NUM_THREADS
 
 
 class CRenderer(Renderer):
@@ -74,7 +73,9 @@ class CRenderer(Renderer):
                 if acc.op == "max" and acc.dtype.is_float:
                     clauses.append(f"reduction(|:{name}_nan)")
             return " ".join(clauses)
-        return f"parallel for schedule(static) num_threads({THREADS})" if worth_threads(loop) else None
+        if flags.NUM_THREADS < 2 or not worth_threads(loop):     # (a team of one costs 0.4 us a launch)
+            return None
+        return f"parallel for schedule(static) num_threads({flags.NUM_THREADS})"
 
 
 _TEMPLATE = template("c.j2")

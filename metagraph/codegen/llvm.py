@@ -189,8 +189,8 @@ def render(kernels, openmp=True):
     views = [{"name": kernel.name, "groups": Renderer(kernel).groups(),
               "params": [{"output": p.output, "shared": p.shared} for p in kernel.params]}
              for kernel in kernels]
-    return _TEMPLATE.render(kernels=views, names=[k.name for k in kernels], openmp=openmp,
-                            threads=flags.NUM_THREADS)
+    return _TEMPLATE.render(kernels=views, names=[k.name for k in kernels],
+                            openmp=openmp and flags.NUM_THREADS > 1, threads=flags.NUM_THREADS)
 
 
 class LLVMBackend(CompiledBackend):

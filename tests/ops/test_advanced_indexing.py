@@ -62,7 +62,7 @@ def _as(module_tensor, key):
     return tuple(module_tensor(k) if isinstance(k, np.ndarray) else k for k in key)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(indexing())
 def test_random_keys_index_as_pytorch_and_numpy_do(case):
     mg.set_backend("numpy")       # where the result's dimensions go is decided as the graph is built
@@ -83,6 +83,14 @@ def test_random_keys_index_as_pytorch_and_numpy_do(case):
             return
         got = mg.tensor(x)[_as(mg.tensor, key)].numpy()
         np.testing.assert_array_equal(got, want_torch)
+
+
+@pytest.mark.xfail(strict=True, reason="an index tensor is checked only where the result reads it: an "
+                   "empty mask leaves nothing to read (PyTorch checks every index tensor)")
+def test_an_out_of_range_index_tensor_raises_even_when_a_mask_leaves_nothing():
+    x = np.array([[[0.0], [1.0]]], dtype=np.float32)
+    with pytest.raises(IndexError):
+        mg.tensor(x)[mg.tensor(np.array([False])), ..., mg.tensor(np.array(1))].numpy()
 
 
 def test_tensors_separated_by_none_put_their_dimensions_first():
