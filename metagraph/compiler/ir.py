@@ -117,6 +117,11 @@ def _unless_true(cond):
     return None if isinstance(cond, Const) and cond.value else cond
 
 
+def _false(cond):
+    """Whether a condition folded to a constant that does not hold."""
+    return isinstance(cond, Const) and not cond.value
+
+
 def rewritten(value, rewrite, keep=None):
     """A value tree with `rewrite` (expression -> expression) applied to its index expressions.
     Values it does not change stay the same objects (shared), and so does `keep`; a guard whose
@@ -131,7 +136,9 @@ def rewritten(value, rewrite, keep=None):
         out = v
         if isinstance(v, Load):
             parts = (index(v.index), _unless_true(index(v.valid)))
-            if parts != (v.index, v.valid):
+            if _false(parts[1]):            # read nowhere (a peeled border): its 0
+                out = Scalar(0, v.dtype)
+            elif parts != (v.index, v.valid):
                 out = Load(v.param, parts[0], v.dtype, parts[1])
         elif isinstance(v, IndexValue):
             expr = index(v.expr)
@@ -141,6 +148,8 @@ def rewritten(value, rewrite, keep=None):
             parts = (index(v.cond), walk(v.value), index(v.valid))
             if _unless_true(parts[0]) is None:      # holds everywhere (a block's inner row)
                 out = parts[1]
+            elif _false(parts[0]) and v.check is None:     # holds nowhere (a peeled border)
+                out = Scalar(v.fill, v.dtype)
             elif parts != (v.cond, v.value, v.valid):
                 out = Guard(parts[0], parts[1], v.fill, parts[2], v.check)
         elif isinstance(v, Apply):

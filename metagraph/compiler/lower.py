@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from metagraph import dtypes
 from metagraph.compiler import (blocks, cascade, contraction, decompose, flat_rows, gather, hoist, ir, lanes,
-                                rewrites, rows, search)
+                                peel, rewrites, rows, search)
 from metagraph.compiler.fusion import allow_depth, materialised
 from metagraph.compiler.heuristic import ACC_REGISTERS, TILE_FILL, Heuristic
 from metagraph.compiler.schedule import Scheduling, applied
@@ -471,6 +471,7 @@ class _Lowering:
         params = [param for _, param in self.params]
         body = rewrites.scheduled(body, self.extents, params, self.target.threads)
         body = lanes.lanes_along_reductions(body, self.extents, self.target.lane_gain)
+        body = peel.peeled(body, self.extents)
         body = flat_rows.flattened(body, self.extents, params)
         positions = [position for position, _ in self.params]
         element_wise = kind == "e" and not self.prologues and not _defines_block(body)
