@@ -11,6 +11,7 @@ from metagraph.ops import math as m
 from metagraph.ops.node import Node
 from metagraph.ops.table import apply
 from metagraph.random import numpy_generator
+from metagraph.runtime import pool
 from metagraph.tensor import Tensor
 
 
@@ -54,7 +55,8 @@ def _size(size):
 def from_numpy_array(array, dtype=None, requires_grad=False):
     """A realised tensor holding a copy of `array`."""
     dtype = dtypes.as_dtype(dtype) or dtypes.as_dtype(array.dtype)
-    buffer = np.array(array, dtype=dtype.np, order="C", copy=True)
+    buffer = pool.aligned_empty(array.shape, dtype.np)
+    buffer[...] = array
     # on the cpu device; a 0-d value, as PyTorch's, goes with tensors of any device (a number)
     tensor = Tensor(Node("buffer", (), {}, buffer.shape, dtype, requires_grad=False, buffer=buffer,
                          device=CPU_NAME if buffer.ndim else None))
