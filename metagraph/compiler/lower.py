@@ -498,16 +498,18 @@ class _Lowering:
         acc_dtype, init, op, loops, value = self.reduce_parts
         body = blocks.plain_nest(node.shape, self.extents, ir.Define("acc", acc_dtype, init, op), loops,
                                  ir.Accumulate("acc", op, value), store)
+        plain = (body, dict(self.extents))
         if self.target.steps is not None:
             self.steps = self.target.steps
-            return applied(body, self.extents, self.target.steps)
-        plain, scheduling = (body, dict(self.extents)), Scheduling(body, self.extents)
-        Heuristic(scheduling, node.shape, acc_dtype.itemsize, self.target.registers, self.target.tile_fill,
-                  self.readable() if self.target.slack else None, self.target.block).schedule()
-        self.steps = scheduling.steps
+            body = applied(body, self.extents, self.target.steps)
+        else:
+            scheduling = Scheduling(body, self.extents)
+            Heuristic(scheduling, node.shape, acc_dtype.itemsize, self.target.registers, self.target.tile_fill,
+                      self.readable() if self.target.slack else None, self.target.block).schedule()
+            self.steps, body = scheduling.steps, scheduling.body
         if self.target.search:
-            self.neighbours = search.neighbours(*plain, scheduling.steps)
-        return scheduling.body
+            self.neighbours = search.neighbours(*plain, self.steps)
+        return body
 
     def readable(self):
         """Elements of each parameter (by number) a load may touch: a buffer this schedule

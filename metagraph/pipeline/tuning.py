@@ -3,8 +3,8 @@ launches in one run, together) is lowered again in variants: every block of heur
 applies to it, other register budgets, no rounding up to whole vectors, channel tiles and lane
 accumulators where the heuristic would not use them or without them where it would, and schedules
 near the heuristic's (compiler/search.py: other tile widths and jams). The cost
-model (compiler/cost.py) ranks the variants; the heuristic's own kernel and the KEEP - 1 cheapest
-others are compiled and timed on the buffers the kernel has just run on, and the fastest is
+model (compiler/cost.py) ranks the variants; the heuristic's own kernel, the KEEP - 1 cheapest
+others and the KEEP_NEAR cheapest near schedules are compiled and timed on the buffers the kernel has just run on, and the fastest is
 remembered in the kernel cache, so that every later schedule and every later process uses it
 without timing again.
 
@@ -30,6 +30,12 @@ from metagraph.runtime import executor
 
 MIN_SECONDS = 1e-3      # kernels whose launches in a run take less are not worth compiling variants for
 KEEP = 5                # variants compiled and timed per kernel: the heuristic's and the cheapest others
+# ... and the cheapest of the schedules near the heuristic's, timed whatever the others cost: the
+# cost model ranks many of them equal to the heuristic's (a conv's weight gradient jammed 4 or 8
+# rows: 231.5M cycles both, 14.8 and 18.0 ms measured on one core)
+KEEP_NEAR = 3
+CLIMBS = 2              # rounds of schedules near the fastest so far, after the first
+CLIMB_GAIN = 0.03       # ... while one of them is this much faster
 REPEATS = 3             # timed runs of each variant (the fastest counts)
 
 
@@ -122,28 +128,55 @@ class Tuner:
         self.cache.remember(name, _written(best[0]))
         entry.steps[i], entry.functions[i], entry.sources[i] = best[1].compiled(), best[2], best[3]
         if flags.DEBUG:
-            choice = ", ".join(f"{field} {getattr(best[0], field)}" for field, _ in _TUNED)
+            choice = ", ".join(f"{field} {word}" for (field, _), word in zip(_TUNED, _written(best[0]).split()))
             print(f"metagraph: tuned {name}: {choice} ({self.spent:.1f} s of {flags.TUNE:g} spent)",
                   file=sys.stderr)
 
     def fastest(self, graph, step, buffers):
-        """(target, step, function, source) of the fastest of `step`'s variants that are timed:
-        the heuristic's and the KEEP - 1 the cost model ranks cheapest."""
-        variants, seen = [], set()
-        for choice in self.candidates() + self.neighbours(graph, step):
+        """(target, step, function, source) of the fastest of `step`'s variants that are timed: the
+        heuristic's, the KEEP - 1 other targets the cost model ranks cheapest and the KEEP_NEAR
+        cheapest schedules near the heuristic's; then, for at most CLIMBS rounds, the KEEP_NEAR
+        cheapest schedules near the fastest so far, timed beside it, while one of them is faster
+        by CLIMB_GAIN (a hill climb: schedules two or more choices away from the heuristic's)."""
+        seen = set()
+        (heuristic, *others) = self._ranked(graph, step, self.candidates(), seen)
+        near = self._ranked(graph, step, self.neighbours(graph, step), seen)
+        best, best_time = None, math.inf
+        contenders = [heuristic] + others[:KEEP - 1] + near[:KEEP_NEAR]
+        for _ in range(CLIMBS + 1):
+            timed = self._timed(contenders, step, graph, buffers)
+            fastest = min(timed, key=lambda found: found[-1])
+            if best is not None and fastest[-1] >= best_time * (1 - CLIMB_GAIN):
+                break
+            best, best_time = fastest[:-1], fastest[-1]
+            around = replace(best[0], search=True)
+            near = self._ranked(graph, step, [replace(best[0], steps=steps)
+                                              for steps in relower(graph, step, around).neighbours], seen)
+            if not near:
+                break
+            contenders = [(best[0], best[1])] + near[:KEEP_NEAR]
+        return best
+
+    def _ranked(self, graph, step, choices, seen):
+        """(target, step) of each choice whose kernel renders a source not `seen` yet, the first
+        choice first and the others by the cost model's estimate."""
+        variants = []
+        for choice in choices:
             other = relower(graph, step, choice)
             source = self.pipeline.render([other.kernel])
             if source not in seen:
                 seen.add(source)
                 variants.append((choice, other))
         threads = self.pipeline.target.threads
-        heuristic, others = variants[0], variants[1:]
-        others.sort(key=lambda variant: cost.estimate(variant[1].kernel.body, threads).cycles)
-        variants = [heuristic] + others[:KEEP - 1]
+        return variants[:1] + sorted(variants[1:], key=lambda variant: cost.estimate(
+            variant[1].kernel.body, threads).cycles)
+
+    def _timed(self, variants, step, graph, buffers):
+        """(target, step, function, source, seconds) of each (target, step) variant, timed together."""
         functions, sources = self.pipeline.load([other.kernel for _, other in variants])
         seconds = self.time(functions, step, graph, buffers)
-        k = min(range(len(variants)), key=seconds.__getitem__)
-        return variants[k][0], variants[k][1], functions[k], sources[k]
+        return [(*variant, function, source, took)
+                for variant, function, source, took in zip(variants, functions, sources, seconds)]
 
     @staticmethod
     def time(functions, step, graph, buffers):
