@@ -106,6 +106,7 @@ class Pipeline:
         if entry.dead is None:
             entry.prepare(graph)
         buffers = self._run(graph, entry, outputs)
+        executor.POOL.age()
         # Values that autograd keeps anyway keep their buffers too, so that reading the loss after
         # optimizer.step() (or a gradient after the loss) does not compute the forward pass again;
         # the run dropped those nothing outside the graph can read again (executor.run).

@@ -18,6 +18,7 @@ from metagraph.errors import OutOfMemory
 
 POOLED_MIN = 256 * 1024      # smaller arrays come from malloc's heap, whose pages stay mapped
 POOL_MAX = 1 << 30           # bytes the pool may hold, in use or free
+SWEEP_EVERY, KEPT_GENERATIONS = 4, 4    # see Pool.age
 LINE_BYTES = 64              # a cache line: where a user's values start (aligned_empty)
 ZEROED_MAX = 32 * 1024       # arrays this small are zeroed whole (one calloc), not their slack alone:
                              # one numpy call instead of three (0.4 us for 16 KiB, not 0.6)
@@ -35,6 +36,8 @@ class Pool:
         self.arrays = {}       # (nbytes, slack) -> {id: raw array} for every array the pool holds
         self.returned = {}     # (nbytes, slack) -> raw arrays whose handed-out view has been freed
         self.lent = {}         # id(weak reference to an array handed out) -> (it, size, raw array)
+        self.taken = {}        # (nbytes, slack) -> the generation (`age`) it was last taken in
+        self.generation = 0
         self.lock = threading.Lock()
 
     def take(self, shape, dtype, slack=0):
@@ -47,6 +50,7 @@ class Pool:
         if nbytes >= POOLED_MIN:
             size = (nbytes, slack)
             with self.lock:
+                self.taken[size] = self.generation
                 raw = self._raw(size)
             if raw is not None:
                 out = np.ndarray(shape, dtype, raw)
@@ -90,8 +94,27 @@ class Pool:
         return sum(size[0] * len(returned) for size, returned in self.returned.items())
 
     def _forget(self, size, raw):
-        del self.arrays[size][id(raw)]
+        held = self.arrays[size]
+        del held[id(raw)]
+        if not held:
+            del self.arrays[size]
         self.held -= size[0]
+
+    def age(self):
+        """One realisation has ended. Every SWEEP_EVERY of them, the free arrays of sizes no
+        realisation took during the last KEPT_GENERATIONS go back to the operating system: a loop
+        over batch sizes 1..30 (ResNet-18 inference) held every size's buffers, 90 -> 310 MiB of
+        RSS, while a training loop takes every size it keeps at every step."""
+        self.generation += 1
+        if self.generation % SWEEP_EVERY:
+            return
+        with self.lock:
+            stale = [size for size, taken in self.taken.items()
+                     if taken < self.generation - KEPT_GENERATIONS]
+            for size in stale:
+                del self.taken[size]
+                for raw in self.returned.pop(size, ()):
+                    self._forget(size, raw)
 
     def release(self):
         """Drop every free array (its memory goes back to malloc)."""

@@ -4,6 +4,7 @@ import threading
 import numpy as np
 
 import metagraph as mg
+from metagraph.runtime import pool
 from metagraph.runtime.pool import POOLED_MIN, Pool
 
 COUNT = POOLED_MIN // 4       # float32 elements of the smallest pooled array
@@ -122,3 +123,20 @@ def test_threads_that_realise_at_once_never_share_an_array():
     for t in threads:
         t.join()
     assert not failures
+
+
+def test_sizes_no_realisation_takes_any_more_go_back_to_the_system():
+    """A loop over batch sizes frees each size's buffers after it: the free arrays of a size not
+    taken during the last KEPT_GENERATIONS realisations are released at the next sweep, while a
+    size taken at every realisation (a training loop's) stays."""
+    p = Pool()
+    steady = (POOLED_MIN * 2,)
+    for generation in range(40):
+        kept = p.take(steady, np.uint8)
+        passing = p.take((POOLED_MIN + 64 * generation,), np.uint8)     # a new size each time
+        del kept, passing
+        p.age()
+    sizes = {nbytes for nbytes, _ in p.arrays}
+    assert POOLED_MIN * 2 in sizes                                         # the steady size stays
+    assert len(sizes) <= 1 + pool.SWEEP_EVERY + pool.KEPT_GENERATIONS      # old sizes went back
+    assert p.held <= (2 + pool.SWEEP_EVERY + pool.KEPT_GENERATIONS) * POOLED_MIN * 2
