@@ -2,11 +2,12 @@
 launches in one run, together) is lowered again in variants: every block of heuristic.BLOCKS that
 applies to it, other register budgets, no rounding up to whole vectors, channel tiles and lane
 accumulators where the heuristic would not use them or without them where it would, and schedules
-near the heuristic's (compiler/search.py: other tile widths and jams). The cost
-model (compiler/cost.py) ranks the variants; the heuristic's own kernel, the KEEP - 1 cheapest
-others and the KEEP_NEAR cheapest near schedules are compiled and timed on the buffers the kernel has just run on, and the fastest is
-remembered in the kernel cache, so that every later schedule and every later process uses it
-without timing again.
+near the heuristic's (compiler/search.py: other tile widths and jams). The cost model
+(compiler/cost.py) ranks the variants; the heuristic's own kernel, the KEEP - 1 cheapest others
+and the KEEP_NEAR cheapest near schedules are compiled and timed on the buffers the kernel has just
+run on; the search then climbs through the schedules near the fastest (`fastest`). The winner is
+remembered in the kernel cache, with the search's version, so that every later schedule and every
+later process uses it without timing again (until another search would choose anew).
 
 Tuning happens on a schedule's second run, never its first (a cold start compiles only the
 heuristic choices), and a process starts tuning no kernel once it has spent METAGRAPH_TUNE
@@ -29,6 +30,7 @@ from metagraph.compiler.heuristic import BLOCKS
 from metagraph.runtime import executor
 
 MIN_SECONDS = 1e-3      # kernels whose launches in a run take less are not worth compiling variants for
+SEARCH = "search-2"      # what chose a remembered target: a choice of another search is made again
 KEEP = 5                # variants compiled and timed per kernel: the heuristic's and the cheapest others
 # ... and the cheapest of the schedules near the heuristic's, timed whatever the others cost: the
 # cost model ranks many of them equal to the heuristic's (a conv's weight gradient jammed 4 or 8
@@ -54,9 +56,10 @@ _TUNED = (("registers", int), ("slack", int), ("tile_fill", float), ("lane_gain"
 
 
 def _written(target):
-    """The remembered fields of a target as the cache's text: one word each."""
-    return " ".join(schedule.text(target.steps) if field == "steps" and target.steps is not None
-                    else str(getattr(target, field)) for field, _ in _TUNED)
+    """The remembered fields of a target as the cache's text: one word each, after the search's
+    version."""
+    return " ".join([SEARCH] + [schedule.text(target.steps) if field == "steps" and target.steps is not None
+                                else str(getattr(target, field)) for field, _ in _TUNED])
 
 
 def tunable(step):
@@ -101,8 +104,9 @@ class Tuner:
         if text is None:
             return None
         parts = text.split()
-        if len(parts) != len(_TUNED):
-            return None          # written by another version: tuned again
+        if len(parts) != len(_TUNED) + 1 or parts[0] != SEARCH:
+            return None          # chosen by another search, or written by another version: tuned again
+        parts = parts[1:]
         try:
             chosen = {field: kind(part) for (field, kind), part in zip(_TUNED, parts)}
         except ValueError:
@@ -128,7 +132,8 @@ class Tuner:
         self.cache.remember(name, _written(best[0]))
         entry.steps[i], entry.functions[i], entry.sources[i] = best[1].compiled(), best[2], best[3]
         if flags.DEBUG:
-            choice = ", ".join(f"{field} {word}" for (field, _), word in zip(_TUNED, _written(best[0]).split()))
+            words = _written(best[0]).split()[1:]
+            choice = ", ".join(f"{field} {word}" for (field, _), word in zip(_TUNED, words))
             print(f"metagraph: tuned {name}: {choice} ({self.spent:.1f} s of {flags.TUNE:g} spent)",
                   file=sys.stderr)
 

@@ -123,7 +123,7 @@ def test_a_remembered_schedule_that_does_not_apply_is_not_trusted(fresh_backend,
     (step,) = [step for step in _steps(backend) if tuning.tunable(step)]
     assert step.tuned_from is None                      # the heuristic's kernel, not a broken one
     tuner = fresh_backend().tuner        # (the patches above were on another pipeline's tuner)
-    tuner.cache.remember("r_kernel", '32 128 0.75 1.5 None [["eval",[1]]]')
+    tuner.cache.remember("r_kernel", tuning.SEARCH + ' 32 128 0.75 1.5 None [["eval",[1]]]')
     assert tuner.get("r_kernel") is None
 
 
