@@ -23,7 +23,8 @@ CASES = {   # name: (graph, rows expected in the vectorised loop)
     "conv 3x3 padded, 37-wide rows": (lambda: F.conv2d(_data(2, 3, 37, 37), _data(8, 3, 3, 3), padding=1), 8),
     "conv with bias and relu epilogue": (
         lambda: F.relu(F.conv2d(_data(1, 5, 33, 33), _data(12, 5, 3, 3), _data(12), padding=1)), 4),
-    "matmul, 24 rows (blocks of 2)": (lambda: _data(24, 7) @ _data(7, 33), 2),
+    # the parallel first dimension keeps 8 blocks: 3 rows (24 // 4 would leave 6)
+    "matmul, 24 rows (blocks of 3)": (lambda: _data(24, 7) @ _data(7, 33), 3),
     "conv 3x3 stride 2 (strided row reads)": (
         lambda: F.conv2d(_data(2, 3, 41, 41), _data(8, 3, 3, 3), stride=2, padding=1), 8),
     "batched matmul": (lambda: _data(3, 64, 5) @ _data(3, 5, 17), 8),
