@@ -7,6 +7,7 @@ plus what its target offers lowering; the realisation pipeline (pipeline/realize
 keys each kernel by its rendered source, compiles the missing ones in batches, loads and launches
 them.
 """
+import functools
 import os
 
 import jinja2
@@ -44,6 +45,24 @@ def launcher(ffi, native):
         native(new(args_type, [from_buffer(a) for a in arrays]), from_buffer(error_type, error))
     launch.address = int(ffi.cast("uintptr_t", native))
     return launch
+
+
+@functools.lru_cache(maxsize=None)
+def l2_bytes():
+    """A core's second-level cache in bytes as Linux reports it (sysfs), or 1 MiB where it does not:
+    what lowering sizes the copies a kernel keeps in it by (lower.Target.l2_bytes)."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for index in sorted(os.listdir(base)):
+            with open(os.path.join(base, index, "level")) as level:
+                if level.read().strip() != "2":
+                    continue
+            with open(os.path.join(base, index, "size")) as size:
+                text = size.read().strip().upper()
+            return int(text.rstrip("KM")) * {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+    except (OSError, ValueError):
+        pass
+    return 1 << 20
 
 
 def worth_threads(loop):
@@ -125,7 +144,7 @@ class CompiledBackend:
     def target(self):
         """What this backend offers lowering (compiler/lower.py)."""
         return Target(self.renders, self.accumulator_registers, self.read_slack, flags.NUM_THREADS,
-                      self.host_memory and bf16_gemm.available())
+                      self.host_memory and bf16_gemm.available(), l2_bytes=l2_bytes())
 
     # ---- what a code generator provides ---------------------------------------------------
     def render(self, kernels):

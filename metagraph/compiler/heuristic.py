@@ -27,7 +27,10 @@ from metagraph.compiler.simplify import value_range
 from metagraph.expr import Var, linear_terms, variables
 
 PACK_BYTES = 64 * 1024    # a packed operand slice (dot products) at most this large
-TILE_PACK_BYTES = 192 * 1024   # a channel tile's packed operand, in L2
+TILE_PACK_SHARE = 3 / 8   # a channel tile's packed operand at most this share of a core's L2 (192 KiB
+# of 512 KiB, measured; at 192 KiB of a 1 MiB L2, ResNet-50's 3x3 stride-2 conv over 14x14 at batch
+# 1, whose pack is 288 KiB, ran as a 7-wide strided row tile: 3.9 ms, and the network 36.7 ms on
+# two cores; with its channel tile 32.4)
 # A register tile along the output row whose vectors hold fewer output elements than this share of
 # their lanes gives way to a channel tile (one core, conv 3x3 forward): over 8x8 planes, bs32 (4
 # rows of 8 in 48 lanes) 2.07 -> 1.41 ms; over 4x4 3.3 -> 1.9 ms; over 7x7 (49 of 64 lanes) the
@@ -52,12 +55,14 @@ class Heuristic:
     """Decides the schedule of one reduction (a schedule.Scheduling of its plain nest) into an
     output of `shape` with accumulators of `itemsize` bytes: `registers` vector registers a tile
     may fill, `tile_fill` the channel tile's threshold, `readable[param]` how many elements a load
-    may touch (None: no load reads past what its loop needs), `chosen` a block to try first."""
+    may touch (None: no load reads past what its loop needs), `chosen` a block to try first,
+    `l2_bytes` a core's second-level cache (what a channel tile's pack may fill: TILE_PACK_SHARE)."""
 
     def __init__(self, scheduling, shape, itemsize, registers=ACC_REGISTERS, tile_fill=TILE_FILL,
-                 readable=None, chosen=None):
+                 readable=None, chosen=None, l2_bytes=1 << 20):
         self.s, self.shape, self.ndim, self.itemsize = scheduling, tuple(shape), len(shape), itemsize
         self.registers, self.tile_fill, self.readable, self.chosen = registers, tile_fill, readable, chosen
+        self.tile_pack_bytes = int(l2_bytes * TILE_PACK_SHARE)
 
     @property
     def extents(self):
@@ -113,7 +118,7 @@ class Heuristic:
         for v in range(last):
             varying = [x for x in ir.values(value) if v in loop_variables(x)]
             if len(varying) != 1 or not isinstance(varying[0], ir.Load) or s.extents[v] % lanes \
-                    or s.extents[v] < 2 * lanes or size * self.itemsize > TILE_PACK_BYTES \
+                    or s.extents[v] < 2 * lanes or size * self.itemsize > self.tile_pack_bytes \
                     or loop_variables(varying[0]) - {v} - set(reduction) or len(read) < 2:
                 continue
             lane = blocks.fresh_variable(s.extents)

@@ -80,7 +80,8 @@ class Target:
     rule (lanes.py), `block` the block a reduction tries first (one of heuristic.BLOCKS, None: the
     heuristic's order), and `steps` a reduction's whole schedule (schedule.Rewrite, applied to its
     plain nest instead of the heuristic's); tuning may vary them per kernel, and asks for the
-    heuristic's neighbourhood (`search`: search.neighbours, kept on the Step)."""
+    heuristic's neighbourhood (`search`: search.neighbours, kept on the Step). `l2_bytes`: a core's
+    second-level cache, which the heuristic sizes the copies it keeps there by."""
     renders: frozenset = None
     registers: int = ACC_REGISTERS
     slack: int = 0
@@ -91,6 +92,7 @@ class Target:
     block: str = None
     steps: tuple = None
     search: bool = False
+    l2_bytes: int = 1 << 20
 
 
 class _Refuse(Exception):
@@ -505,7 +507,8 @@ class _Lowering:
         else:
             scheduling = Scheduling(body, self.extents)
             Heuristic(scheduling, node.shape, acc_dtype.itemsize, self.target.registers, self.target.tile_fill,
-                      self.readable() if self.target.slack else None, self.target.block).schedule()
+                      self.readable() if self.target.slack else None, self.target.block,
+                      self.target.l2_bytes).schedule()
             self.steps, body = scheduling.steps, scheduling.body
         if self.target.search:
             self.neighbours = search.neighbours(*plain, self.steps)
