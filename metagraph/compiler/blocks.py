@@ -23,21 +23,17 @@ rewrites.py, the lane split in lanes.py.
 - `jam(var, rows)`: an output loop around the block is unrolled `rows` times into it: each
   accumulation repeated per row (a register tile of rows x the block), reading once what does not
   vary along the loop;
-- `pack(param, ordinal, at, loops, fixed)`: an operand is copied into a local array at the start of
-  an output loop (or of the kernel), laid out in the order `loops` read it, and read from there;
-- `merge(outer, inner)` and `drop_units(vars)`: neighbouring reduction loops that every index reads
-  as one flat range become one loop; reduction loops of one iteration go.
+packing.py has the primitives on the reduction's operands and loops (`pack`, `merge`,
+`drop_units`).
 """
-import math
 
-from metagraph.compiler import ir
-from metagraph.compiler.access import Replace, loop_variables, reads_flat, vector_loop
-from metagraph.compiler import planes, rewrites
+from metagraph.compiler import ir, planes, rewrites
+from metagraph.compiler.access import Replace, loop_variables, vector_loop
 from metagraph.compiler.rewrites import fresh_variable
 from metagraph.compiler.simplify import simplify, substitute
 from metagraph.expr import Const, Var, linear_terms, variables
 
-ACC, PACK = "acc", "pack"       # the names of the reduction's accumulator and of a packed operand
+ACC = "acc"         # the name of the reduction's accumulator
 
 
 def plain_nest(shape, extents, define, reductions, accumulate, store):
@@ -133,7 +129,7 @@ class Nest:
         return self.prefix + [define] + inner + out
 
 
-def _loops(loops):
+def loops_of(loops):
     return [(loop.var, loop.extent, loop.kind) for loop in loops]
 
 
@@ -146,7 +142,7 @@ def _refs_to(value, name, index):
     return ir.replaced(value, {id(r): ref for r in refs})
 
 
-def _rewrite(extents, mapping):
+def rewrite(extents, mapping):
     return lambda expr: simplify(substitute(expr, mapping), extents)
 
 
@@ -172,12 +168,6 @@ def reorder(body, order, extents):
     by_var = {loop.var: loop for loop in nest.chain}
     chain = [ir.Loop(var, by_var[var].extent, old.kind, None) for var, old in zip(order, nest.chain)]
     return nest.rebuilt(chain)
-
-
-def _before_next(nest, loop):
-    """The statements in `loop`'s body before the next loop of the chain."""
-    loops = [s for s in loop.body if isinstance(s, ir.Loop)]
-    return loop.body[:loop.body.index(loops[-1])] if loops else loop.body
 
 
 def split(body, var, factor, extents):
@@ -222,7 +212,7 @@ def round_up(body, var, extent, extents):
     extents[var] = extent
     d, (loop,) = nest.define, nest.accumulating
     bottom = nest.bottom_of(ir.Define(d.name, d.dtype, d.init, d.op, extent), nest.reductions,
-                            [(var, extent, loop.kind)], nest.accumulations, _loops(nest.store_loops),
+                            [(var, extent, loop.kind)], nest.accumulations, loops_of(nest.store_loops),
                             nest.stores)
     return nest.rebuilt(None, bottom)
 
@@ -259,7 +249,7 @@ def flatten_plane(body, a, b, pitch, rows, extents):
     (accumulate,) = nest.accumulations
     value = ir.rewritten(accumulate.value, lambda expr: simplify(fold(expr), extents))
     accumulate = ir.Accumulate(accumulate.name, accumulate.op, value, simplify(Var(p), extents))
-    to_rows = _rewrite(extents, Replace({a: Var(a) * rows + Var(r)}))
+    to_rows = rewrite(extents, Replace({a: Var(a) * rows + Var(r)}))
     at = simplify(Var(r) * pitch + Var(b), extents)
     stores = [_refs_to_statement(ir.rewritten_statement(s, to_rows), at) for s in nest.stores]
     d = nest.define
@@ -301,73 +291,20 @@ def jam(body, var, rows, extents):
     extents[var], extents[r] = extents[var] // rows, rows
     accumulations = []
     for row in range(rows):
-        mapping = _rewrite(extents, Replace({var: Var(var) * rows + Const(row)}))
+        mapping = rewrite(extents, Replace({var: Var(var) * rows + Const(row)}))
         accumulations += [ir.Accumulate(a.name, a.op, ir.rewritten(a.value, mapping),
                                         simplify(Const(row * size) + a.index, extents))
                           for a in nest.accumulations]
-    to_rows = _rewrite(extents, Replace({var: Var(var) * rows + Var(r)}))
+    to_rows = rewrite(extents, Replace({var: Var(var) * rows + Var(r)}))
     old = next(v for s in nest.stores for v in ir.values(s.value) if isinstance(v, ir.Ref) and v.name == ACC)
     at = simplify(Var(r) * size + old.index, extents)
     stores = [_refs_to_statement(ir.rewritten_statement(s, to_rows), at) for s in nest.stores]
     d = nest.define
     bottom = nest.bottom_of(ir.Define(d.name, d.dtype, d.init, d.op, size * rows), nest.reductions,
-                            _loops(nest.accumulating), accumulations,
-                            [(r, rows, ir.SERIAL)] + _loops(nest.store_loops), stores)
+                            loops_of(nest.accumulating), accumulations,
+                            [(r, rows, ir.SERIAL)] + loops_of(nest.store_loops), stores)
     chain = [ir.Loop(o.var, extents[o.var], o.kind, None) for o in nest.chain]
     return nest.rebuilt(chain, bottom)
-
-
-def operand(body, param, ordinal):
-    """The `ordinal`-th distinct load of parameter `param` that the reduction accumulates."""
-    nest = Nest(body)
-    found = [v for a in nest.accumulations for v in ir.loads(a.value) if v.param == param]
-    unique = list({id(v): v for v in found}.values())
-    if ordinal >= len(unique):
-        raise ValueError(f"pack: the reduction reads parameter {param} fewer than {ordinal + 1} times")
-    return unique[ordinal]
-
-
-def pack(body, param, ordinal, at, loops, fixed, extents):
-    """The operand (`operand(param, ordinal)`) read from a local array `pack`, copied at the start
-    of output loop `at` (None: the kernel's body) over `loops` ((variable, extent), renamed), in
-    their row-major order; `fixed` sets variables the copy reads at one value."""
-    nest, loops, fixed = Nest(body), [tuple(loop) for loop in loops], [tuple(f) for f in fixed]
-    if PACK in _names(body):
-        raise ValueError("pack: the kernel already packs an operand")
-    load = operand(body, param, ordinal)
-    chain = [loop.var for loop in nest.chain]
-    if at is not None and at not in chain:
-        raise ValueError(f"pack: {at} is not an output loop")
-    if at is None and chain:        # (code generators may run the parallel loop as functions apart)
-        raise ValueError(f"pack: a copy made before the parallel loop {chain[0]} would be shared by its "
-                         "threads")
-    depth = 0 if at is None else chain.index(at) + 1
-    inside = {loop.var: loop.extent for loop in nest.chain[depth:] + nest.reductions + nest.accumulating}
-    if any(inside.get(var) != extent for var, extent in loops) or \
-            loop_variables(load) - {var for var, _ in loops} - {var for var, _ in fixed} - set(chain[:depth]):
-        raise ValueError(f"pack: the operand reads loops other than {[var for var, _ in loops]} (inside "
-                         f"loop {at}, at their extents) and those around it")
-    first = fresh_variable(extents)
-    fresh = {var: Var(first + k) for k, (var, _) in enumerate(loops)}
-    extents.update({fresh[var].axis: extent for var, extent in loops})
-    renamed = _rewrite(extents, Replace({**{v: Const(c) for v, c in fixed}, **fresh}))
-    copy = [ir.Assign(PACK, _flat_index(loops, fresh, extents), ir.rewritten(load, renamed))]
-    for var, extent in reversed(loops):
-        copy = [ir.Loop(fresh[var].axis, extent, ir.SERIAL, copy)]
-    statements = [ir.Define(PACK, load.dtype, None, size=math.prod(extent for _, extent in loops))] + copy
-    packed = ir.Ref(PACK, load.dtype, _flat_index(loops, {var: Var(var) for var, _ in loops}, extents))
-    accumulations = [ir.Accumulate(a.name, a.op, ir.replaced(a.value, {id(load): packed}), a.index)
-                     for a in nest.accumulations]
-    bottom = nest.bottom_of(nest.define, nest.reductions, _loops(nest.accumulating), accumulations,
-                            _loops(nest.store_loops), nest.stores)
-    body = nest.rebuilt(None, bottom)
-    if at is None:
-        return statements + body
-    return _inserted(body, at, statements)
-
-
-def _names(body):
-    return {s.name for s in ir_statements(body) if isinstance(s, ir.Define)}
 
 
 def ir_statements(body):
@@ -378,17 +315,6 @@ def ir_statements(body):
             yield from ir_statements(s.body)
 
 
-def _inserted(body, at, statements):
-    """`body` with `statements` at the start of the body of output loop `at`."""
-    out = []
-    for s in body:
-        if isinstance(s, ir.Loop) and s.kind != ir.REDUCE:
-            inner = statements + s.body if s.var == at else _inserted(s.body, at, statements)
-            s = ir.Loop(s.var, s.extent, s.kind, inner)
-        out.append(s)
-    return out
-
-
 def replaced_loop(body, var, loop):
     """`body` with the output loop of `var` replaced by `loop`."""
     out = []
@@ -397,50 +323,6 @@ def replaced_loop(body, var, loop):
             s = loop if s.var == var else ir.Loop(s.var, s.extent, s.kind, replaced_loop(s.body, var, loop))
         out.append(s)
     return out
-
-
-def _flat_index(loops, names, extents):
-    index, stride = Const(0), 1
-    for var, extent in reversed(loops):
-        index, stride = index + names[var] * stride, stride * extent
-    return simplify(index, extents)
-
-
-def drop_units(body, variables, extents):
-    """The reduction loops `variables`, of one iteration each, gone (not all of them), their
-    variables read at 0."""
-    nest, variables = Nest(body), list(variables)
-    loops = [loop.var for loop in nest.reductions]
-    if any(v not in loops or extents[v] != 1 for v in variables) or len(variables) >= len(loops):
-        raise ValueError(f"drop_units: {variables} are not reduction loops of one iteration, or all of them")
-    return _reduction_loops_replaced(nest, [loop for loop in nest.reductions if loop.var not in variables],
-                                     Replace({v: Const(0) for v in variables}), extents)
-
-
-def merge(body, outer, inner, extents):
-    """Neighbouring reduction loops `outer` around `inner` that every index reads as one flat range
-    as the loop `inner` over both ranges."""
-    nest = Nest(body)
-    loops = [loop.var for loop in nest.reductions]
-    if outer not in loops or loops.index(outer) + 1 >= len(loops) or loops[loops.index(outer) + 1] != inner:
-        raise ValueError(f"merge: {outer} is not the reduction loop around {inner}")
-    width = extents[inner]
-    if not all(reads_flat(expr, outer, inner, width) for a in nest.accumulations
-               for v in ir.values(a.value) for expr in ir.index_expressions(v)):
-        raise ValueError(f"merge: loops {outer} and {inner} are not read as one flat range")
-    extents[inner] = extents[outer] * width
-    kept = [ir.Loop(loop.var, extents[loop.var], loop.kind, None) for loop in nest.reductions
-            if loop.var != outer]
-    return _reduction_loops_replaced(nest, kept, Replace({outer: Const(0)}), extents)
-
-
-def _reduction_loops_replaced(nest, reductions, mapping, extents):
-    rewrite = _rewrite(extents, mapping)
-    accumulations = [ir.Accumulate(a.name, a.op, ir.rewritten(a.value, rewrite), a.index)
-                     for a in nest.accumulations]
-    bottom = nest.bottom_of(nest.define, reductions, _loops(nest.accumulating), accumulations,
-                            _loops(nest.store_loops), nest.stores)
-    return nest.rebuilt(None, bottom)
 
 
 def reads(body):

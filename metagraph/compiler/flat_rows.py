@@ -8,11 +8,11 @@ loop, rewrites of the finished kernel IR.
 - `vectorise(loop)`: a serial loop of stores that each write one element further per step, and
   read at most STRIDE_MAX elements further (at least one read) or the same one (no output
   parameter; a condition along the loop is a lane mask: a padded copy of a stride-2 conv's
-  input (then split into stride phases), 6.5 -> 1.6 ms in MobileNetV2 with the C renderer's clamped strided loads), is the vector
-  loop, whose iterations code generators may run at once (C: `omp simd`). GCC 12
-  ignores `restrict` on the pointers a kernel loads from its arguments and checks aliasing at run
-  time for at most 10 pairs: a batch-norm backward reading 12 arrays over 4x4 planes ran scalar,
-  149 us a call, 25 us vectorised.
+  input (then split into stride phases), 6.5 -> 1.6 ms in MobileNetV2 with the C renderer's
+  clamped strided loads), is the vector loop, whose iterations code generators may run at once
+  (C: `omp simd`). GCC 12 ignores `restrict` on the pointers a kernel loads from its arguments
+  and checks aliasing at run time for at most 10 pairs: a batch-norm backward reading 12 arrays
+  over 4x4 planes ran scalar, 149 us a call, 25 us vectorised.
 
 `flattened` is the rule that applies both wherever they hold, below the parallel loop (which keeps
 its extent for the threads); each chain of loops is decided from one walk over its stores' index

@@ -20,7 +20,7 @@ other register budgets, or a list of its own.
 """
 import math
 
-from metagraph.compiler import blocks, ir, planes
+from metagraph.compiler import blocks, ir, packing, planes
 from metagraph.compiler.access import (VECTOR_BYTES, contiguous, largest_load, loop_variables, operands,
                                        register_block, reuse_order, row_vectors, vector_loop)
 from metagraph.compiler.simplify import value_range
@@ -93,8 +93,8 @@ class Heuristic:
     def channel_tile(self, s, loops, chosen=False):
         """A block of one vector along an outer output dimension v (a conv's channels) where the
         output row's vectorised loop would be guarded lane by lane (a conv's input gradient over a
-        small plane: its window's border), read with a stride (a strided conv: 4.9 -> 1.0 ms in ResNet-18's training
-        step) or
+        small plane: its window's border), read with a stride (a strided conv: 4.9 -> 1.0 ms in
+        ResNet-18's training step) or
         fill less than `tile_fill` of its vectors' lanes (a conv over an 8x8 or smaller plane):
         the only operand that varies along v, which reads nothing but v and the reduction, is
         packed per tile of v, v innermost, at the start of the tile's loop, which becomes the
@@ -331,10 +331,10 @@ class Heuristic:
 
 
 def _operand_key(body, load):
-    """(parameter, ordinal) that blocks.operand finds `load` by."""
+    """(parameter, ordinal) that packing.operand finds `load` by."""
     for ordinal in range(len(ir.loads(blocks.reads(body)[0]))):
         try:
-            if blocks.operand(body, load.param, ordinal) is load:
+            if packing.operand(body, load.param, ordinal) is load:
                 return load.param, ordinal
         except ValueError:
             break

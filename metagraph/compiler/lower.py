@@ -506,9 +506,9 @@ class _Lowering:
             body = applied(body, self.extents, self.target.steps)
         else:
             scheduling = Scheduling(body, self.extents)
-            Heuristic(scheduling, node.shape, acc_dtype.itemsize, self.target.registers, self.target.tile_fill,
-                      self.readable() if self.target.slack else None, self.target.block,
-                      self.target.l2_bytes).schedule()
+            target = self.target
+            Heuristic(scheduling, node.shape, acc_dtype.itemsize, target.registers, target.tile_fill,
+                      self.readable() if target.slack else None, target.block, target.l2_bytes).schedule()
             self.steps, body = scheduling.steps, scheduling.body
         if self.target.search:
             self.neighbours = search.neighbours(*plain, self.steps)

@@ -31,7 +31,8 @@ def peel(loop, points, extents):
     for start, stop in zip(bounds, bounds[1:]):
         var = fresh_variable(extents)
         extents[var] = stop - start
-        body = rewritten_body(loop.body, Replace({loop.var: Var(var) + start if start else Var(var)}), extents)
+        moved = Var(var) + start if start else Var(var)
+        body = rewritten_body(loop.body, Replace({loop.var: moved}), extents)
         parts.append(ir.Loop(var, stop - start, loop.kind, body))
     return parts
 

@@ -93,11 +93,11 @@ def stage(loop, load, extents, name):
         fresh[var] = Var(next_var + k)
         extents[next_var + k] = extent
     copy_value = ir.rewritten(load, lambda expr: simplify(substitute(expr, Replace(fresh)), extents))
-    copy = [ir.Assign(name, _row_major(loops, fresh, extents), copy_value)]
+    copy = [ir.Assign(name, row_major(loops, fresh, extents), copy_value)]
     for var, extent in reversed(loops):
         copy = [ir.Loop(fresh[var].axis, extent, ir.SERIAL, copy)]
     size = math.prod(extent for _, extent in loops)
-    ref = ir.Ref(name, load.dtype, _row_major(loops, {var: Var(var) for var, _ in loops}, extents))
+    ref = ir.Ref(name, load.dtype, row_major(loops, {var: Var(var) for var, _ in loops}, extents))
     body = [_replace_reads(s, load, ref) for s in loop.body]
     return ir.Loop(loop.var, loop.extent, loop.kind,
                    [ir.Define(name, load.dtype, None, size=size)] + copy + body)
@@ -138,7 +138,9 @@ def reduction_chain(loop):
     return path
 
 
-def _row_major(loops, names, extents):
+def row_major(loops, names, extents):
+    """The row-major position in `loops` ((variable, extent), outermost first), each variable
+    named by `names`."""
     index, stride = Const(0), 1
     for var, extent in reversed(loops):
         index, stride = index + names[var] * stride, stride * extent

@@ -1,7 +1,7 @@
 """A reduction's schedule: the list of primitive applications that turns its plain nest into the loops
 it runs, as data that prints, parses back and replays.
 
-A `Rewrite` names a primitive (blocks.py) and its arguments: loop
+A `Rewrite` names a primitive (blocks.py, packing.py) and its arguments: loop
 variables, factors, a parameter's number. Variables a primitive creates are numbered from the
 largest one in use, so a list applied to the same plain nest makes the same kernel every time:
 the heuristic (heuristic.py) builds the default list by applying each step as it decides it
@@ -11,12 +11,12 @@ its text (`text`, `parsed`: JSON, parsed, never evaluated).
 import json
 from dataclasses import dataclass
 
-from metagraph.compiler import blocks
+from metagraph.compiler import blocks, packing
 
 
 PRIMITIVES = {primitive.__name__: primitive for primitive in (     # each called (body, *arguments, extents)
     blocks.split, blocks.reorder, blocks.block, blocks.round_up, blocks.flatten_plane, blocks.jam,
-    blocks.pack, blocks.merge, blocks.drop_units)}
+    packing.pack, packing.merge, packing.drop_units)}
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import metagraph as mg
-from metagraph.compiler import blocks, ir, planes, schedule
+from metagraph.compiler import blocks, ir, packing, planes, schedule
 from metagraph.compiler.access import VECTOR_BYTES, loop_variables, reads_flat
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.heuristic import Heuristic
@@ -48,7 +48,8 @@ def _moves(heuristic):
         yield "reorder", (tuple(reversed(chain)),)
     if not nest.block:
         for k in range(1, len(chain) + 1):
-            if math.prod(extents[v] for v in chain[-k:]) <= LOCAL_MAX and not any(nest.keeps[len(chain) - k + 1:]):
+            fits = math.prod(extents[v] for v in chain[-k:]) <= LOCAL_MAX
+            if fits and not any(nest.keeps[len(chain) - k + 1:]):
                 yield "block", (tuple(chain[-k:]),)
     else:
         for var in chain:
@@ -56,12 +57,13 @@ def _moves(heuristic):
                         and nest.define.size * rows <= LOCAL_MAX)
         yield from _round_ups(heuristic, nest)
         yield from _flattened_planes(nest, chain, extents)
-    if not any(isinstance(d, ir.Define) and d.name == blocks.PACK for d in blocks.ir_statements(s.body)):
+    if not any(isinstance(d, ir.Define) and d.name == packing.PACK for d in blocks.ir_statements(s.body)):
         yield from _packs(nest, chain, extents)
     loops = [loop.var for loop in nest.reductions]
     value = nest.accumulations[0].value
     for outer, inner in zip(loops, loops[1:]):
-        if all(reads_flat(e, outer, inner, extents[inner]) for v in ir.values(value) for e in ir.index_expressions(v)):
+        if all(reads_flat(e, outer, inner, extents[inner])
+               for v in ir.values(value) for e in ir.index_expressions(v)):
             yield "merge", (outer, inner)
     units = tuple(v for v in loops if extents[v] == 1)
     if units and len(units) < len(loops):
@@ -72,7 +74,8 @@ def _packs(nest, chain, extents):
     value = nest.accumulations[0].value
     for load in {id(v): v for v in ir.loads(value)}.values():
         used = loop_variables(load)
-        ordinal = [v for v in {id(x): x for x in ir.loads(value)}.values() if v.param == load.param].index(load)
+        same = [v for v in {id(x): x for x in ir.loads(value)}.values() if v.param == load.param]
+        ordinal = same.index(load)
         for depth, at in enumerate([None] + chain):
             inside = chain[depth:] + [loop.var for loop in nest.reductions + nest.accumulating]
             if used - set(inside) - set(chain[:depth]):
@@ -95,7 +98,8 @@ def _round_ups(heuristic, nest):
     for v in ir.values(nest.accumulations[0].value):
         if isinstance(v, ir.Load):
             low, high = value_range(v.index, extents)
-            if v.valid is not None and var in loop_variables(v) or low < 0 or high >= heuristic.readable[v.param]:
+            guarded = v.valid is not None and var in loop_variables(v)
+            if guarded or low < 0 or high >= heuristic.readable[v.param]:
                 return
         elif var in loop_variables(v) or getattr(v, "site", None) is not None:
             return
@@ -156,7 +160,8 @@ def test_random_schedules_keep_the_values(backend, data, monkeypatch):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_the_heuristic_schedule_replays_to_the_same_kernels(data):
-    graph = pending_graph([_reduction(data) if data.draw(st.booleans(), label="kind") else _contraction(data)])
+    made = _reduction(data) if data.draw(st.booleans(), label="kind") else _contraction(data)
+    graph = pending_graph([made])
     for step in lowered(graph, Target(slack=64)):
         if step.reduction_schedule:
             steps = schedule.parsed(schedule.text(step.reduction_schedule))
@@ -186,12 +191,13 @@ def _plain(m=8, k=6, n=32):
 
 def test_the_primitives_build_a_register_tile_and_a_pack():
     body, extents = _plain()
-    body = schedule.applied(body, extents, [schedule.Rewrite("block", ((1,),)), schedule.Rewrite("jam", (0, 4)),
-                                            schedule.Rewrite("pack", (2, 0, 0, ((2, 6), (1, 32)), ()))])
+    steps = [schedule.Rewrite("block", ((1,),)), schedule.Rewrite("jam", (0, 4)),
+             schedule.Rewrite("pack", (2, 0, 0, ((2, 6), (1, 32)), ()))]
+    body = schedule.applied(body, extents, steps)
     nest = blocks.Nest(body)
     assert nest.block == [1] and nest.define.size == 4 * 32 and len(nest.accumulations) == 4
     assert [loop.var for loop in nest.chain] == [0] and extents[0] == 2
-    assert [s.name for s in nest.chain[0].body if isinstance(s, ir.Define)] == [blocks.PACK, blocks.ACC]
+    assert [s.name for s in nest.chain[0].body if isinstance(s, ir.Define)] == [packing.PACK, blocks.ACC]
 
 
 @pytest.mark.parametrize("steps, says", [
@@ -213,8 +219,8 @@ def test_primitives_refuse_what_is_not_legal(steps, says):
         schedule.applied(body, extents, [schedule.Rewrite(name, arguments) for name, arguments in steps])
 
 
-@pytest.mark.parametrize("text", ["", "{}", "[1]", '[["split", [1, 2.5]]]', '[["eval", []]]', '[["split", [true]]]',
-                                  '[["split", ["0"]]]', '[["split", [1, 2], 3]]'])
+@pytest.mark.parametrize("text", ["", "{}", "[1]", '[["split", [1, 2.5]]]', '[["eval", []]]',
+                                  '[["split", [true]]]', '[["split", ["0"]]]', '[["split", [1, 2], 3]]'])
 def test_a_schedule_text_that_is_not_one_is_refused(text):
     with pytest.raises(ValueError, match="not a schedule"):
         schedule.parsed(text)
@@ -224,6 +230,6 @@ def test_a_pack_at_the_output_loop_it_reads_is_legal():
     body, extents = _plain()
     # A[i, k] packed at loop i over k: the copy reads i, the loop it is made in, and k, which it copies over
     body = schedule.applied(body, extents, [schedule.Rewrite("pack", (1, 0, 0, ((2, 6),), ()))])
-    assert blocks.Nest(body).chain[0].body[0].name == blocks.PACK
+    assert blocks.Nest(body).chain[0].body[0].name == packing.PACK
     (packed,) = [v for v in ir.values(blocks.reads(body)[0]) if isinstance(v, ir.Ref)]
-    assert packed.name == blocks.PACK and packed.index == Var(2)
+    assert packed.name == packing.PACK and packed.index == Var(2)

@@ -1,6 +1,7 @@
 """Autotuning remembered on disk: a schedule's second run times variants of its slow register
-tiles (register budgets, slack, channel tiles, lanes) and keeps the fastest in the kernel cache; a
-later process uses it without timing; the variants compute the same numbers; METAGRAPH_TUNE=0 and the time budget are honoured."""
+tiles (register budgets, slack, channel tiles, lanes, schedules near the heuristic's) and keeps
+the fastest in the kernel cache; a later process uses it without timing; the variants compute the
+same numbers; METAGRAPH_TUNE=0 and the time budget are honoured."""
 import os
 
 import numpy as np
@@ -105,7 +106,8 @@ def test_every_schedule_near_the_heuristic_computes_the_same_numbers(fresh_backe
     for target in near:
         monkeypatch.setattr(mg.flags, "TUNE", 30)
         chosen = fresh_backend()
-        monkeypatch.setattr(chosen.tuner, "get", lambda name, target=target: target if name == step.name else None)
+        monkeypatch.setattr(chosen.tuner, "get",
+                            lambda name, target=target: target if name == step.name else None)
         monkeypatch.setattr(chosen.tuner, "wanted", lambda run: False)
         np.testing.assert_allclose(chosen.realize([graph().node])[0], want, rtol=1e-4, atol=1e-4)
         names |= {other.name for other in _steps(chosen) if other.tuned_from == step.name}
