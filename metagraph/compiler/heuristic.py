@@ -48,6 +48,7 @@ ACC_REGISTERS = 32
 # units of 4 cycles' latency), blocking further output dimensions while it has fewer (a channel
 # tile over a 2x2 plane had 2), but not past MAX_CHAINS.
 MIN_CHAINS, MAX_CHAINS = 8, 16
+LANE_CHAINS = 16     # accumulation chains a block whose reduction goes to lanes may jam up to
 BLOCKS = ("channel_tile", "register_tile", "row_block", "transposed_panel")   # what tuning may choose
 
 
@@ -192,8 +193,28 @@ class Heuristic:
             row = blocks.fresh_variable(s.extents)
             s.apply("split", last, tile)
             s.apply("block", (row,))
-        self.whole_vectors(s)
+        if not self.lanes_expected(s):
+            self.whole_vectors(s)
         return True
+
+    def lanes_expected(self, s):
+        """Whether the lane rule (lanes.py) will vectorise this block's reduction along its own
+        innermost loop: a block of one row narrower than half a vector, and a reduction loop of at
+        least two vectors that every load reads with unit stride or not at all (a 3x3 conv's weight
+        gradient over its image rows). Each element of the row is then a chain of its own, so the
+        row is neither rounded up (a lane chain computed for nothing) nor jammed past LANE_CHAINS
+        chains (they would spill: over (8, 64, 56, 56), 8 rows rounded to 4 took 21 ms on one core,
+        4 rows of 3 16)."""
+        nest = blocks.Nest(s.body)
+        lanes = VECTOR_BYTES // self.itemsize
+        if len(nest.block) != 1 or not nest.reductions or 2 * s.extents[nest.block[0]] > lanes:
+            return False
+        inner = nest.reductions[-1]
+        strides = [linear_terms(load.index)[0].get(Var(inner.var), 0)
+                   for load in ir.loads(nest.accumulations[0].value)]
+        return inner.extent >= 2 * lanes and set(strides) <= {0, 1} and 1 in strides and \
+            not any(inner.var in variables(load.index) and load.valid is not None
+                    for load in ir.loads(nest.accumulations[0].value))
 
     def whole_vectors(self, s):
         """Round a register tile's vectorised loop up to whole vectors where its tail would take
@@ -261,7 +282,10 @@ class Heuristic:
         value, outer, size = nest.accumulations[0].value, [loop.var for loop in nest.chain], nest.define.size
         inner = vector_loop(nest.block, self.extents)
         vectors, used, chains = row_vectors(size, self.itemsize), set(), 1
-        blocking = register_block(self.extents, value, outer, inner, size)
+        most = 8
+        if self.lanes_expected(self.s):       # each element of the row a chain (lanes_expected)
+            vectors, most = size, max(2, LANE_CHAINS // size)
+        blocking = register_block(self.extents, value, outer, inner, size, most=most)
         while blocking is not None:
             self.s.apply("jam", *blocking)
             chains, size = chains * blocking[1], size * blocking[1]
@@ -269,7 +293,7 @@ class Heuristic:
             if chains * vectors >= MIN_CHAINS:
                 break           # enough chains to hide the latency; fewer: block another dimension
             blocking = register_block(self.extents, value, [d for d in outer if d not in used], inner, size,
-                                      most=MAX_CHAINS // (chains * vectors))
+                                      most=min(most, MAX_CHAINS // (chains * vectors)))
 
     # ---- one dot product per output element ------------------------------------------------
     def dot_products(self):
