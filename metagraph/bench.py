@@ -25,8 +25,10 @@ Workloads:
 Each figure is the median of at least --repeat timed calls after two warm-up calls, every call
 forced to complete (read back to numpy); short workloads are called again until a second has
 passed (at most 200 calls), so that their medians rest on more than a few samples. metagraph and
-PyTorch calls alternate, so that noise from the shared machine falls on both. Ratios are torch
-time / metagraph time: above 1, metagraph is faster. PyTorch runs on as many threads as metagraph:
+PyTorch calls alternate, so that noise from the shared machine falls on both. Each workload's
+warm-up calls tune its kernels as in a process of its own (METAGRAPH_TUNE seconds; the choices
+are remembered on disk, so a later run times nothing). Ratios are torch time / metagraph time:
+above 1, metagraph is faster. PyTorch runs on as many threads as metagraph:
 --threads N, else METAGRAPH_NUM_THREADS, else the CPUs this process may use."""
 import argparse
 import json
@@ -256,12 +258,22 @@ def chosen_ids(only, ids):
     return chosen
 
 
+def _fresh_tuning_budget():
+    """Each workload tunes its kernels as in a process of its own (METAGRAPH_TUNE seconds): the
+    budget is a process's, and one bench process runs every workload, so the later ones were
+    measured untuned (their choices remembered only by a later run)."""
+    tuner = getattr(mg.backend._instance(mg.get_backend()), "tuner", None)
+    if tuner is not None:
+        tuner.spent = 0.0
+
+
 def measure(key, title, make, torch, repeat):
     """One row: metagraph's figure, PyTorch's and the ratio when PyTorch is installed and, for a
     workload that names reference implementations (a fifth element, name -> fn), their figures and
     the roof: the best figure other than metagraph's. References are timed after, not in the same
     rounds: numpy's OpenBLAS threads slowed the next call of a 2-thread kernel from 211 to 130
     GFLOP/s (PyTorch's threads do not)."""
+    _fresh_tuning_budget()
     ours, theirs, unit, work, *more = make(torch)
     references = more[0] if more else {}
     fns = [ours] + ([theirs] if theirs is not None else [])
