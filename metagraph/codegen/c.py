@@ -9,7 +9,8 @@ file's structure (helpers, vector math declarations, signatures).
 """
 from metagraph import dtypes, flags
 from metagraph.codegen.clike import CTYPE, OPS, Renderer, bits_literal
-from metagraph.codegen.compiled import CompiledBackend, template, worth_threads
+from metagraph.codegen.compiled import PARALLEL_WORK, CompiledBackend, template, work, worth_threads
+from metagraph.compiler.generic import OUTER, RuntimeExtent, runtime_loop
 from metagraph.codegen.toolchain import SharedObjects, compile_shared, probe_vector_math, toolchain_identity
 from metagraph.codegen.walker import op_form
 from metagraph.compiler import ir
@@ -73,9 +74,12 @@ class CRenderer(Renderer):
                 if acc.op == "max" and acc.dtype.is_float:
                     clauses.append(f"reduction(|:{name}_nan)")
             return " ".join(clauses)
-        if flags.NUM_THREADS < 2 or not worth_threads(loop):     # (a team of one costs 0.4 us a launch)
+        if flags.NUM_THREADS < 2 or loop.kind != ir.PARALLEL:     # (a team of one costs 0.4 us a launch)
             return None
-        return f"parallel for schedule(static) num_threads({flags.NUM_THREADS})"
+        threads = f"parallel for schedule(static) num_threads({flags.NUM_THREADS})"
+        if runtime_loop(loop) is not None:    # worth threads at the run-time extent, maybe not at every one
+            return f"{threads} if({OUTER} * {work(loop, runtime=1)} >= {PARALLEL_WORK})"
+        return threads if worth_threads(loop) else None
 
 
 _TEMPLATE = template("c.j2")
@@ -88,7 +92,8 @@ def render(kernels, vector_math=True):
         renderer = CRenderer(kernel)
         params = [{"ctype": HOST_CTYPE[p.dtype.name], "output": p.output, "shared": p.shared}
                   for p in kernel.params]
-        views.append({"name": kernel.name, "params": params,
+        outer = len(kernel.params) if isinstance(kernel.extents.get(0), RuntimeExtent) else None
+        views.append({"name": kernel.name, "params": params, "outer": outer,
                       "body": [renderer.statement(s) for s in kernel.body]})
     return _TEMPLATE.render(kernels=views, names=[k.name for k in kernels], vector_math=vector_math)
 
@@ -96,6 +101,7 @@ def render(kernels, vector_math=True):
 class CBackend(CompiledBackend):
     """Kernels as C, compiled by the system C compiler in batches, loaded through cffi."""
     name = "c"
+    runtime_extents = True   # a kernel may take its outer extent at run time (compiler/generic.py)
     host_memory = True       # bfloat16 matmuls through codegen/bf16_gemm.py
 
     def __init__(self):

@@ -15,6 +15,7 @@ import jinja2
 from metagraph import flags
 from metagraph.codegen import bf16_gemm
 from metagraph.compiler import ir
+from metagraph.compiler.generic import RuntimeExtent
 from metagraph.compiler.lower import Target
 from metagraph.compiler.heuristic import ACC_REGISTERS
 from metagraph.errors import CompileError, MetagraphError, at  # noqa: F401  (the backends import it here)
@@ -67,7 +68,7 @@ def l2_bytes():
 
 def worth_threads(loop):
     """Whether an outer loop is spread over threads (or tasks): parallel, and enough work."""
-    return loop.kind == ir.PARALLEL and loop.extent >= 2 and _work(loop) >= PARALLEL_WORK
+    return loop.kind == ir.PARALLEL and loop.extent >= 2 and work(loop) >= PARALLEL_WORK
 
 
 def thread_groups(body, threaded=None):
@@ -118,9 +119,12 @@ def fused_product(statement, acc_dtype):
     return value.args + (condition,)
 
 
-def _work(loop):
+def work(loop, runtime=None):
+    """Iterations of a loop nest: the loop's extent times its largest inner loop's work; a loop of
+    a run-time extent (compiler/generic.py) counted as `runtime` iterations when that is given."""
     inner = [s for s in loop.body if isinstance(s, ir.Loop)]
-    return loop.extent * max([_work(s) for s in inner] or [1])
+    extent = runtime if runtime is not None and isinstance(loop.extent, RuntimeExtent) else int(loop.extent)
+    return extent * max([work(s, runtime) for s in inner] or [1])
 
 
 class CompiledBackend:
@@ -136,6 +140,7 @@ class CompiledBackend:
     comment = "//"          # how a line comment begins in the generated source
     memory = executor.HOST  # where kernels find their buffers (runtime/opencl.py: a device's memory)
     tunable = True          # tuning may time variants of its kernels on the run's host buffers
+    runtime_extents = False     # kernels may take their outer extent at run time (compiler/generic.py)
 
     def __init__(self, cache):
         self.cache = cache                # runtime.cache.KernelCache

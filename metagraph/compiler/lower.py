@@ -39,6 +39,7 @@ class Step:
     tuned_from: str = None   # the heuristic kernel's name, where tuning chose this one instead
     in_place: tuple = ()     # positions of realised inputs read only at the output's own index, by
                              # an element-wise kernel: their buffer may become its output (donation)
+    outer: int = None        # the outermost extent, where the kernel takes it at run time (generic.py)
     reduction_schedule: tuple = ()   # the schedule.Rewrite steps applied to the reduction's plain nest
     neighbours: tuple = ()   # step lists near the heuristic's (search.neighbours), when the target asks
     name: str = field(init=False)
@@ -102,12 +103,13 @@ class _Refuse(Exception):
         self.positions = positions
 
 
-def schedule(graph, target=Target(), library=False, tuned=None):
+def schedule(graph, target=Target(), library=False, tuned=None, forms=None):
     """The kernel launches that compute graph's outputs, in order, for `target` (`library`:
     contractions go to a library, see contraction.py; `tuned(kernel name)`: the target that
-    timing chose for that kernel instead, or None; see tuning.py)."""
+    timing chose for that kernel instead, or None; see tuning.py; `forms`: a generic.Forms, where
+    the code generator takes a kernel's outermost extent at run time)."""
     allow_depth()
-    chosen, unfusable, kept = materialised(graph), set(), Kept()
+    chosen, unfusable, kept = materialised(graph), set(), Kept(forms=forms)
     while True:
         try:
             steps = _steps(graph, chosen, unfusable, target, library, kept)
@@ -116,24 +118,24 @@ def schedule(graph, target=Target(), library=False, tuned=None):
             for position in refused.positions:
                 (unfusable if position in chosen else chosen).add(position)
     choices = [tuned(step.name) if tuned else None for step in steps]
-    return [step if choice in (None, target) else _relowered(graph, step, choice)
+    return [step if choice in (None, target) else _relowered(graph, step, choice, forms)
             for step, choice in zip(steps, choices)]
 
 
-def _relowered(graph, step, target):
+def _relowered(graph, step, target, forms):
     """relower, or `step` itself where the remembered target's steps do not apply to it (a cache
     entry of another version or a damaged one is never trusted)."""
     try:
-        return relower(graph, step, target)
+        return relower(graph, step, target, forms)
     except ValueError:
         return step
 
 
-def relower(graph, step, target):
+def relower(graph, step, target, forms=None):
     """The kernel of `step` (a schedule's, for a graph of the same structure as `graph`) for
     another target (other register-tile parameters)."""
     root, epilogue_reduce, prologues, chosen = step.lowering
-    other = _Lowering(graph, chosen, root, list(epilogue_reduce), target, prologues).kernel()
+    other = _Lowering(graph, chosen, root, list(epilogue_reduce), target, prologues, forms).kernel()
     other.lowering, other.tuned_from = step.lowering, step.tuned_from or step.name
     return other
 
@@ -147,6 +149,7 @@ class Kept:
     # (root, epilogue, prologues) -> (positions visited, those materialised then, step)
     kernels: dict = field(default_factory=dict)
     walks: dict = field(default_factory=dict)     # root -> (inlined positions, positions read)
+    forms: object = None     # a generic.Forms, or None
 
 
 def _steps(graph, chosen, unfusable, target, library, kept):
@@ -187,7 +190,7 @@ def _steps(graph, chosen, unfusable, target, library, kept):
         if key in kept.kernels and frozenset(kept.kernels[key][0] & frozen) == kept.kernels[key][1]:
             steps.append(kept.kernels[key][2])
             continue
-        lowering = _Lowering(graph, frozen, k, epilogue_reduce, target, prologues)
+        lowering = _Lowering(graph, frozen, k, epilogue_reduce, target, prologues, kept.forms)
         step = lowering.kernel()
         step.lowering = (k, tuple(epilogue_reduce), prologues, frozen)
         kept.kernels[key] = (lowering.visited, frozenset(lowering.visited & frozen), step)
@@ -255,11 +258,12 @@ def _size(expr):
 
 
 class _Lowering:
-    def __init__(self, graph, chosen, root, epilogue_reduce, target, prologues=frozenset()):
-        self.graph, self.chosen, self.root, self.target = graph, chosen, root, target
+    def __init__(self, graph, chosen, root, epilogue_reduce, target, prologues=frozenset(), forms=None):
+        self.graph, self.chosen, self.root, self.target, self.forms = graph, chosen, root, target, forms
         self.fused_reduce = epilogue_reduce[0] if epilogue_reduce else None
         self.prologue_reduces, self.building = prologues, []
         self.prologue_depths = {}    # a row prologue's accumulator name -> (depth, graph position)
+        self.prologue_positions = set()     # the graph positions of the row prologues made
         self.prologues = []      # rows.Prologue, in the order made
         self.params, self.param_of, self.sites, self.memo = [], {}, [], {}
         self.extents, self.accumulator = {}, None
@@ -414,16 +418,19 @@ class _Lowering:
         position, root = self.graph.position[node.id], self.graph.nodes[self.root]
         used = set().union(*(variables(e) for e in index))
         depth = 1 + max(used, default=-1)
-        name = f"row{position}"
+        # named by its order in the kernel, not its graph position: the same kernel in a graph
+        # numbered otherwise is then the same code (compiler/generic.py compares kernels' forms)
+        name = f"row{len(self.prologue_depths)}"
         axes = node.attrs["axes"]
         reduced = tuple(size for d, size in enumerate(node.inputs[0].shape) if d in axes)
         if valid is not None or not used or depth > min([root.ndim] + self.building) or \
-                name in self.prologue_depths or node.numel != math.prod(root.shape[:depth]) or \
+                position in self.prologue_positions or node.numel != math.prod(root.shape[:depth]) or \
                 depth == root.ndim and math.prod(reduced) > rows.PER_ELEMENT_TERMS:
             # read conditionally, not once per row, at two places, (inside another prologue) per
             # element of that prologue's row, or a long reduction per element (rows.py)
             raise _Refuse(position)
         self.prologue_depths[name] = (depth, position)
+        self.prologue_positions.add(position)
         aligned = bool(reduced) and reduced == root.shape[depth:]
         source_index, loops = self.reduced(node, index, depth if aligned else 1 + max(self.extents))
         op = node.attrs["op"]
@@ -484,8 +491,10 @@ class _Lowering:
         body = hoist.hoisted(body, params)
         shape = "x".join(map(str, node.shape)) or "scalar"
         digest = hashlib.sha1(ir.describe((body, params)).encode()).hexdigest()[:8]
-        kernel = ir.Kernel(f"{kind}_{shape}_{digest}", params, body, dict(self.extents))
-        return Step(kernel, positions, self.sites, in_place=in_place,
+        kernel, outer = ir.Kernel(f"{kind}_{shape}_{digest}", params, body, dict(self.extents)), None
+        if self.forms is not None and kind in ("e", "r"):
+            kernel, outer = self.forms.generic(kernel, kind, node.shape)
+        return Step(kernel, positions, self.sites, in_place=in_place, outer=outer,
                     reduction_schedule=tuple(self.steps or ()), neighbours=tuple(self.neighbours))
 
     def loop_nest(self, node, store):

@@ -26,7 +26,7 @@ from metagraph.compiler.lower import Step
 from metagraph.runtime.cache import CACHE_VERSION, write_atomic
 
 MIN_NODES = 64
-FORMAT = 2
+FORMAT = 3
 _TEXTS = {}          # signature number -> its content as text (numbers are never reused)
 _TEXTS_SIZE = 1 << 16
 
@@ -117,6 +117,7 @@ class ScheduleStore:
                 "library": None if spec is None else [spec.name, spec.subscripts, spec.operand_shapes,
                                                       spec.output_shape, spec.operand_dtype.name],
                 "lowering": lowering, "tuned_from": step.tuned_from, "in_place": list(step.in_place),
+                "outer": step.outer,
                 "key": None if spec is not None else self.pipeline.cache.key(source),
                 "source": source})
         try:
@@ -147,6 +148,10 @@ class ScheduleStore:
             if not all(type(k) is int and 0 <= k < len(graph.nodes) for k in positions) or \
                     not set(record["in_place"]) <= set(positions[1:]):
                 return None
+            outer = record["outer"]
+            first = graph.nodes[positions[0]].shape[:1]
+            if outer is not None and (type(outer) is not int or not first or outer < 1 or first[0] % outer):
+                return None         # (a run-time extent is the output's first one, over jammed rows)
             spec = record["library"]
             if spec is not None:
                 name, subscripts, operand_shapes, output_shape, operand_dtype = spec
@@ -166,7 +171,7 @@ class ScheduleStore:
                 record["name"], record["blocked"], positions=record["positions"],
                 sites=[(_error_class(kind), text, position) for kind, text, position in record["sites"]],
                 library=spec, lowering=lowering, tuned_from=record["tuned_from"],
-                in_place=tuple(record["in_place"])))
+                in_place=tuple(record["in_place"]), outer=outer))
             functions.append(function)
             sources.append(source)
         return steps, functions, sources

@@ -60,12 +60,14 @@ class Layout:
         self.first_value = [shared[0] for shared in arrays]       # (named by an allocation that fails)
         self.segments = _segments(len(steps), replay.python_steps, [born[shared[0]] for shared in arrays])
         self.read_slots = [(replay.base_slots[k], k) for k in replay.reads]
-        self.slot_count = len(replay.base_slots)
+        self.slot_count = len(replay.base_slots) + len(replay.outer_slots)
         self.arena_slots = ffi.new("int64_t[]", [slot_of[p] for p in self.offsets])
         self.arena_offsets = ffi.new("int64_t[]", list(self.offsets.values()))
         starts, argument_slots = [0], []
-        for step in steps:
+        for i, step in enumerate(steps):
             argument_slots.extend(slot_of[p] for p in step.positions)
+            if i in replay.outer_slots:
+                argument_slots.append(replay.outer_slots[i])
             starts.append(len(argument_slots))
         self.arg_start = ffi.new("int64_t[]", starts)
         self.arg_slot = ffi.new("int64_t[]", argument_slots)
@@ -76,6 +78,8 @@ class Layout:
             "slack_at": self.slack_at, "count": self.slot_count, "slack": executor.SLACK_BYTES})
         self.slot_type, self.slot_length = replay.slot_type, self.slot_count + 1 + replay.max_args
         self.spare = []         # slot arrays of finished runs, taken again (list.pop is atomic)
+        self.outer = [(slot, ffi.from_buffer(replay.outer_values[j:j + 1]))     # (run-time extents)
+                      for j, slot in enumerate(replay.outer_slots.values())]
 
     def slots(self):
         """A run's slot array (the slots, the error word, a step's arguments): a finished run's, its
@@ -83,7 +87,10 @@ class Layout:
         try:
             slots = self.spare.pop()        # (another thread may have taken the last one)
         except IndexError:
-            return self._new(self.slot_type, self.slot_length)
+            slots = self._new(self.slot_type, self.slot_length)
+            for slot, address in self.outer:
+                slots[slot] = address
+            return slots
         slots[self.slot_count] = self._null
         return slots
 

@@ -141,7 +141,10 @@ def run(graph, steps, functions, sources, oracle=None, tune=None, explain=None, 
             if timed:
                 start = time.perf_counter()
             if out.size:
-                function([buffers[position] for position in positions], errors.at(k))
+                arguments = [buffers[position] for position in positions]
+                if step.outer is not None:
+                    arguments.append(outer_argument(step.outer))
+                function(arguments, errors.at(k))
             if timed:
                 elapsed = time.perf_counter() - start
             if not fresh:
@@ -178,6 +181,20 @@ def run(graph, steps, functions, sources, oracle=None, tune=None, explain=None, 
             if graph.nodes[k].buffer is None:
                 report.free(buffers[k].nbytes)
     return memory.finish(graph, buffers)
+
+
+_OUTER = {}          # extent -> its launch argument (outer_argument)
+
+
+def outer_argument(extent):
+    """The argument after a kernel's parameters that gives a kernel with a run-time outer extent
+    (compiler/generic.py) its extent: a one-element int64 array, made once per extent."""
+    argument = _OUTER.get(extent)
+    if argument is None:
+        if len(_OUTER) >= 4096:
+            _OUTER.clear()
+        argument = _OUTER[extent] = np.array([extent], np.int64)
+    return argument
 
 
 def empty_cache():

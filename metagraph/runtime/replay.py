@@ -163,7 +163,12 @@ class Replay:
                                                            for a in addresses])
         self.python_steps = {i for i, (address, gone) in enumerate(zip(addresses, empty))
                              if address is None and not gone}      # launched from Python
-        self.max_args = max((len(step.positions) for step in steps), default=1)
+        self.max_args = max((len(step.positions) + 1 for step in steps), default=1)
+        # kernels taking their outer extent at run time (compiler/generic.py): a slot each after the
+        # values', pointing at its extent, which no run changes
+        outer = [(i, step.outer) for i, step in enumerate(steps) if step.outer is not None]
+        self.outer_values = np.array([extent for _, extent in outer], np.int64)
+        self.outer_slots = {i: len(self.base_slots) + j for j, (i, _) in enumerate(outer)}
         self.layouts = {}       # decision -> Layout
         self.realised = [k for k, node in enumerate(nodes) if node.buffer is not None and node.op != "const"]
         self.flagged = sorted(set(self.outputs_of) | set(graph.outputs))
@@ -215,6 +220,8 @@ class Replay:
                 if last is None:            # a step launched from Python
                     error = np.zeros(1, np.int64)
                     arrays = [layout.array(p, buffers, arena, allocated) for p in self.steps[first].positions]
+                    if self.steps[first].outer is not None:
+                        arrays.append(executor.outer_argument(self.steps[first].outer))
                     layout.zero_slack(self.outputs_of[first], arena)
                     self.functions[first](arrays, error)
                     site = int(error[0])
