@@ -103,6 +103,7 @@ def index_map_for(x, key, realize):
     positions = [p for p, k in enumerate(not_selecting) if isinstance(k, Node)]
     adjacent = bool(positions) and positions == list(range(positions[0], positions[-1] + 1))
     shape, index_map, extras, dim = [], [], [], 0
+    scalars = []         # (a 0-d index tensor, the dimension it selects, its size)
     batch_at = None
     if tensors and not adjacent:
         batch_at = 0
@@ -122,6 +123,7 @@ def index_map_for(x, key, realize):
             index_map.append(start + Var(len(shape)) * step)
             shape.append(len(range(start, stop, step)))
         elif not k.ndim:
+            scalars.append((k, dim, size))
             extras.append(k)
             index_map.append(_wrap_negative(Extra(len(extras) - 1, ()), size))
         else:
@@ -132,7 +134,22 @@ def index_map_for(x, key, realize):
             extras.append(m.expand(k, batch))
             index_map.append(_wrap_negative(Extra(len(extras) - 1, batch_vars), size))
         dim += 1
+    if 0 in shape and scalars:
+        _check_unread(scalars, realize)
     return tuple(shape), [lift(e) for e in index_map], extras
+
+
+def _check_unread(scalars, realize):
+    """A 0-d index tensor selects as an int does, and PyTorch checks it as one, even where the
+    region has no elements; the checked reindex checks only what it reads, which is nothing
+    there: such indices are checked here, at once (an index tensor of a dimension or more is
+    not checked for an empty region, in PyTorch either)."""
+    realize([k for k, _, _ in scalars])
+    for k, dim, size in scalars:
+        value = int(np.asarray(k.buffer))
+        if not -size <= value < size:
+            fail(IndexOutOfRange, "getitem", f"index {value} is out of bounds for dimension {dim} "
+                                             f"with size {size}")
 
 
 def getitem(x, key, realize):

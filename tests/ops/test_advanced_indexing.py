@@ -85,12 +85,14 @@ def test_random_keys_index_as_pytorch_and_numpy_do(case):
         np.testing.assert_array_equal(got, want_torch)
 
 
-@pytest.mark.xfail(strict=True, reason="an index tensor is checked only where the result reads it: an "
-                   "empty mask leaves nothing to read (PyTorch checks every index tensor)")
 def test_an_out_of_range_index_tensor_raises_even_when_a_mask_leaves_nothing():
+    """An empty region reads no index, yet a 0-d index tensor is checked as an int is, as PyTorch
+    does (an index tensor of a dimension or more is not, there either)."""
     x = np.array([[[0.0], [1.0]]], dtype=np.float32)
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match="index 1 is out of bounds for dimension 2 with size 1"):
         mg.tensor(x)[mg.tensor(np.array([False])), ..., mg.tensor(np.array(1))].numpy()
+    assert mg.tensor(x)[mg.tensor(np.zeros(0, np.int64)), mg.tensor(np.array([[-3]]))].shape == (1, 0, 1)
+    assert mg.tensor(x)[mg.tensor(np.array([False])), ..., mg.tensor(np.array(-1))].shape == (0, 2)
 
 
 def test_tensors_separated_by_none_put_their_dimensions_first():
