@@ -12,6 +12,7 @@ VECTOR_BYTES = 64  # one AVX-512 register: the loop nest's unit of vectorisation
 # the others, so that a 7-wide plane is blocked too (a channel tile over ResNet-50's 7x7 layers had
 # 2 accumulation chains, latency-bound at 67 GFLOP/s on two cores)
 JAM_ROWS = (8, 4, 7, 6, 5, 3, 2)
+JAM_WASTE = 8      # rows a register block may compute twice where none of JAM_ROWS divides: 1 in 8
 
 
 def contiguous(value, var, stride_max=STRIDE_MAX):
@@ -40,8 +41,8 @@ def loop_variables(v):
 def register_block(shape, value, outer, inner, size, most=8):
     """(d, rows) when output dimension d is worth blocking: some operand does not
     depend on d (it is read once for all rows) and every operand that does is constant along the
-    vectorised loop (one scalar per row). The innermost such dimension; rows (at most `most`)
-    divides its extent."""
+    vectorised loop (one scalar per row). The innermost such dimension; rows (at most `most`,
+    `jam_rows`)."""
     loads = operands(value)
     for d in reversed(outer):
         dependent = [load for load in loads if d in loop_variables(load)]
@@ -49,12 +50,23 @@ def register_block(shape, value, outer, inner, size, most=8):
             continue
         if any(inner in loop_variables(load) for load in dependent):
             continue
-        # the first dimension is the parallel loop: keep at least 8 blocks of it for the threads
-        rows = next((r for r in JAM_ROWS if r <= most and shape[d] % r == 0 and r * size <= ACC_MAX
-                     and (d != 0 or shape[d] // r >= 8)), None)
+        rows = jam_rows(shape[d], lambda r: r <= most and r * size <= ACC_MAX and
+                        (d != 0 or -(-shape[d] // r) >= 8))
         if rows is not None:
             return d, rows
     return None
+
+
+def jam_rows(extent, allowed):
+    """The rows a register block takes along a dimension of `extent`: the first of JAM_ROWS that
+    `allowed` and divides it, else the largest allowed that leaves at most 1/JAM_WASTE of the rows
+    computed twice (blocks.jam clamps a last group's rows past the extent: a linear layer over 97
+    tokens blocks 8 rows, 13 groups, where it ran one row at a time at a quarter of the speed)."""
+    rows = next((r for r in JAM_ROWS if allowed(r) and extent % r == 0), None)
+    if rows is None:
+        rows = next((r for r in sorted(JAM_ROWS, reverse=True) if allowed(r) and r < extent and
+                     (-extent % r) * JAM_WASTE <= extent), None)
+    return rows
 
 
 def operands(value):

@@ -31,7 +31,7 @@ from metagraph.compiler import ir, planes, rewrites
 from metagraph.compiler.access import Replace, loop_variables, vector_loop
 from metagraph.compiler.rewrites import fresh_variable
 from metagraph.compiler.simplify import simplify, substitute
-from metagraph.expr import Const, Var, linear_terms, variables
+from metagraph.expr import Const, Var, binary, linear_terms, variables
 
 ACC = "acc"         # the name of the reduction's accumulator
 
@@ -279,23 +279,31 @@ def _refs_to_statement(store, index):
 
 def jam(body, var, rows, extents):
     """The output loop `var` around a block unrolled `rows` times into it (see the module
-    docstring): var counts groups of rows; the store loops gain the row loop outermost."""
+    docstring): var counts groups of rows; the store loops gain the row loop outermost. Where
+    `rows` does not divide the loop's extent E, the last group's rows past E are clamped to E - 1,
+    in every read and store: they compute row E - 1 again, from the same values, and store the
+    same result over it, in the same iteration of the loop (so on the same thread)."""
     nest = Nest(body)
     loop = nest.outer(var)
-    if not nest.block or rows < 2 or loop.extent % rows:
-        raise ValueError(f"jam: no block to jam loop {var} into, or {rows} rows do not divide {loop.extent}")
+    if not nest.block or rows < 2 or rows >= loop.extent and loop.extent % rows:
+        raise ValueError(f"jam: no block to jam loop {var} into, or {rows} rows exceed {loop.extent}")
     if _reading(nest.copies_inside(var), var):
         raise ValueError(f"jam: a packed copy inside loop {var} reads it (the copy would serve one row)")
-    size = nest.define.size
+    size, last = nest.define.size, loop.extent - 1
     r = fresh_variable(extents)
-    extents[var], extents[r] = extents[var] // rows, rows
+    extents[var], extents[r] = -(-loop.extent // rows), rows
+
+    def row(offset):
+        """The row of group `var` at `offset` (a constant or the row loop's variable), clamped."""
+        at = Var(var) * rows + offset
+        return at if loop.extent % rows == 0 else binary("min", at, Const(last))
     accumulations = []
-    for row in range(rows):
-        mapping = rewrite(extents, Replace({var: Var(var) * rows + Const(row)}))
+    for k in range(rows):
+        mapping = rewrite(extents, Replace({var: row(Const(k))}))
         accumulations += [ir.Accumulate(a.name, a.op, ir.rewritten(a.value, mapping),
-                                        simplify(Const(row * size) + a.index, extents))
+                                        simplify(Const(k * size) + a.index, extents))
                           for a in nest.accumulations]
-    to_rows = rewrite(extents, Replace({var: Var(var) * rows + Var(r)}))
+    to_rows = rewrite(extents, Replace({var: row(Var(r))}))
     old = next(v for s in nest.stores for v in ir.values(s.value) if isinstance(v, ir.Ref) and v.name == ACC)
     at = simplify(Var(r) * size + old.index, extents)
     stores = [_refs_to_statement(ir.rewritten_statement(s, to_rows), at) for s in nest.stores]

@@ -53,8 +53,8 @@ def _moves(heuristic):
                 yield "block", (tuple(chain[-k:]),)
     else:
         for var in chain:
-            yield from (("jam", (var, rows)) for rows in (2, 3, 4) if extents[var] % rows == 0
-                        and nest.define.size * rows <= LOCAL_MAX)
+            yield from (("jam", (var, rows)) for rows in (2, 3, 4, 5)     # (clamped where they do not divide)
+                        if rows < extents[var] and nest.define.size * rows <= LOCAL_MAX)
         yield from _round_ups(heuristic, nest)
         yield from _flattened_planes(nest, chain, extents)
     if not any(isinstance(d, ir.Define) and d.name == packing.PACK for d in blocks.ir_statements(s.body)):
@@ -200,12 +200,30 @@ def test_the_primitives_build_a_register_tile_and_a_pack():
     assert [s.name for s in nest.chain[0].body if isinstance(s, ir.Define)] == [packing.PACK, blocks.ACC]
 
 
+def test_rows_that_do_not_divide_are_jammed_with_the_last_group_clamped():
+    """7 rows in groups of 3: 3 groups, the last computing row 6 three times, over the same values."""
+    body, extents = _plain(m=7)
+    body = schedule.applied(body, extents, [schedule.Rewrite("block", ((1,),)), schedule.Rewrite("jam", (0, 3))])
+    nest = blocks.Nest(body)
+    assert extents[0] == 3 and len(nest.accumulations) == 3
+    assert all("min" in str(a.value) for a in nest.accumulations[1:]) and "min" not in str(nest.accumulations[0].value)
+
+
+def test_the_heuristic_blocks_rows_of_a_prime_count():
+    """A linear layer over 97 rows blocks them 8 at a time (13 groups), not one at a time."""
+    rng = np.random.default_rng(1)
+    x, w = (mg.tensor(rng.standard_normal(shape).astype(np.float32)) for shape in ((97, 256), (256, 256)))
+    (step,) = [s for s in lowered(pending_graph([(x @ w.T).node]), Target()) if s.kernel is not None]
+    assert schedule.Rewrite("jam", (0, 8)) in step.reduction_schedule
+    np.testing.assert_allclose((x @ w.T).numpy(), x.numpy() @ w.numpy().T, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("steps, says", [
     ([("split", (1, 5))], "does not divide"),
     ([("block", ((0,),))], "not the innermost output loops"),
     ([("jam", (0, 2))], "no block"),
     ([("block", ((0, 1),)), ("round_up", (1, 48))], "not the one loop"),
-    ([("block", ((1,),)), ("jam", (0, 3))], "do not divide"),
+    ([("block", ((1,),)), ("jam", (0, 9))], "rows exceed"),
     ([("merge", (2, 1))], "not the reduction loop"),
     ([("drop_units", ((2,),))], "not reduction loops of one iteration"),
     ([("pack", (2, 0, 0, ((2, 6),), ()))], "reads loops other than"),     # B[k, j] over k alone
