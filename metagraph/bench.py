@@ -20,7 +20,8 @@ Workloads:
     Z1, Z2    ResNet-50 inference at batch 4; batch-1 inference of every zoo network with a PyTorch
               twin, and their geometric mean (bench_zoo.py)
     S         S1-S4: ResNet-18 training's first step in a fresh process (warm and empty cache),
-              peak memory, Python per step; each framework in a process of its own (bench_startup.py)
+              peak memory, Python per step; S5: kernels compiled and memory held over batch sizes
+              1..200; each framework in a process of its own (bench_startup.py)
 
 Each figure is the median of at least --repeat timed calls after two warm-up calls, every call
 forced to complete (read back to numpy); short workloads are called again until a second has

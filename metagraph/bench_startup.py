@@ -1,9 +1,12 @@
-"""Rows S1-S4: what a user waits for before training runs and what it holds while it does.
+"""Rows S1-S5: what a user waits for before training runs and what it holds while it does.
 
 ResNet-18 training (SGD with momentum, batch 32, 32^2), each framework in a fresh process so that
 start-up and peak memory are its own: S1 the first step with a warm kernel cache (a restarted
 script), S2 with an empty one (metagraph only), S3 the peak resident memory above the import over
 ten steps, S4 the Python per step (a step's median time less its kernels', from `mg.profile()`).
+S5: a small CNN's inference over batch sizes 1..200 in one process with an empty kernel cache: the
+kernels compiled after the first two sizes (compiler/generic.py), and the resident memory at the
+end above the import, beside PyTorch's.
 """
 import json
 import os
@@ -64,12 +67,47 @@ print(json.dumps({"first": first, "second": second, "peak": peak_mib() - base,
                   "python": median(steps) - median(kernels) if kernels else None}))
 """
 
+SIZES = """
+import json, sys
+import numpy as np
+framework, threads = sys.argv[1], int(sys.argv[2])
 
-def _run(framework, threads, cache=None):
+def rss_mib():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+
+if framework == "metagraph":
+    import metagraph as mg
+    from metagraph import nn
+    base, tensor, seed, no_grad = rss_mib(), mg.tensor, mg.manual_seed, mg.no_grad
+else:
+    import torch
+    from torch import nn
+    torch.set_num_threads(threads)
+    base, tensor, seed, no_grad = rss_mib(), torch.from_numpy, torch.manual_seed, torch.no_grad
+seed(0)
+model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                      nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+                      nn.Flatten(), nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10)).eval()
+compiles = []
+for n in range(1, 201):
+    x = tensor(np.random.default_rng(n).standard_normal((n, 1, 28, 28)).astype(np.float32))
+    if framework == "metagraph":
+        with mg.profile() as prof, no_grad():
+            model(x).numpy()
+        compiles.append(prof.compiles)
+    else:
+        with no_grad():
+            model(x).numpy()
+print(json.dumps({"compiles": sum(compiles[2:]), "rss": rss_mib() - base}))
+"""
+
+
+def _run(framework, threads, cache=None, program=PROGRAM):
     environment = dict(os.environ, METAGRAPH_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
     if cache is not None:
         environment["METAGRAPH_CACHE_DIR"] = cache
-    done = subprocess.run([sys.executable, "-c", PROGRAM, framework, str(threads)], env=environment,
+    done = subprocess.run([sys.executable, "-c", program, framework, str(threads)], env=environment,
                           capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(f"the {framework} start-up program failed:\n{done.stderr[-2000:]}")
@@ -77,7 +115,7 @@ def _run(framework, threads, cache=None):
 
 
 def rows(threads, torch_installed, cold=True):
-    """The rows S1-S4 as bench.py prints them."""
+    """The rows S1-S5 as bench.py prints them."""
     _run("metagraph", threads)                       # fills the cache the next process finds warm
     ours = _run("metagraph", threads)
     theirs = _run("torch", threads) if torch_installed else None
@@ -91,6 +129,12 @@ def rows(threads, torch_installed, cold=True):
         with tempfile.TemporaryDirectory() as cache:
             found.insert(1, _row("S2", "ResNet-18 training, first step, fresh process, empty cache", "s",
                                  _run("metagraph", threads, cache)["first"], None, lower_is_better=True))
+            sizes = _run("metagraph", threads, tempfile.mkdtemp(dir=cache), SIZES)
+        theirs = _run("torch", threads, program=SIZES) if torch_installed else None
+        found += [_row("S5", "small CNN inference, batch sizes 1..200: kernels compiled after the first two",
+                       "kernels", sizes["compiles"], None, lower_is_better=True),
+                  _row("S5m", "... resident memory at the end, above the import", "MiB", sizes["rss"],
+                       theirs and theirs["rss"], lower_is_better=True)]
     return found
 
 

@@ -10,7 +10,7 @@ file's structure (helpers, vector math declarations, signatures).
 from metagraph import dtypes, flags
 from metagraph.codegen.clike import CTYPE, OPS, Renderer, bits_literal
 from metagraph.codegen.compiled import PARALLEL_WORK, CompiledBackend, template, work, worth_threads
-from metagraph.compiler.generic import OUTER, RuntimeExtent, runtime_loop
+from metagraph.compiler.generic import RuntimeExtent, runtime_loop
 from metagraph.codegen.toolchain import SharedObjects, compile_shared, probe_vector_math, toolchain_identity
 from metagraph.codegen.walker import op_form
 from metagraph.compiler import ir
@@ -77,8 +77,9 @@ class CRenderer(Renderer):
         if flags.NUM_THREADS < 2 or loop.kind != ir.PARALLEL:     # (a team of one costs 0.4 us a launch)
             return None
         threads = f"parallel for schedule(static) num_threads({flags.NUM_THREADS})"
-        if runtime_loop(loop) is not None:    # worth threads at the run-time extent, maybe not at every one
-            return f"{threads} if({OUTER} * {work(loop, runtime=1)} >= {PARALLEL_WORK})"
+        runtime = runtime_loop(loop)
+        if runtime is not None:     # worth threads at the run-time extent, maybe not at every one
+            return f"{threads} if({runtime.extent!r} * {work(loop, runtime=1)} >= {PARALLEL_WORK})"
         return threads if worth_threads(loop) else None
 
 

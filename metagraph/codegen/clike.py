@@ -15,7 +15,6 @@ from metagraph import dtypes
 from metagraph.codegen.compiled import fused_product
 from metagraph.codegen.walker import Walker, op_form, pure
 from metagraph.compiler import ir
-from metagraph.compiler.generic import OUTER, RuntimeExtent
 from metagraph.expr import Var, linear_terms, variables
 
 CTYPE = {"bool": "uint8_t", "uint8": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t",
@@ -223,8 +222,8 @@ class Renderer(Walker):
         outside, self.vector_var = self.vector_var, s.var if s.kind == ir.VECTOR else self.vector_var
         body = [self.statement(b, shared) for b in s.body]
         self.vector_var = outside
-        extent = OUTER if isinstance(s.extent, RuntimeExtent) else s.extent     # (compiler/generic.py)
-        return {"kind": "loop", "var": s.var, "extent": extent, "pragma": self.pragma(s),
+        # (a RuntimeExtent, compiler/generic.py, writes itself as its expression of the argument)
+        return {"kind": "loop", "var": s.var, "extent": s.extent, "pragma": self.pragma(s),
                 "after": self.finish(s), "before": before, "body": body}
 
     def pragma(self, loop):

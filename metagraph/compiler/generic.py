@@ -3,10 +3,10 @@
 A training or inference loop over batches of another size builds the same graph with another
 leading extent, and lowering gives the same kernels but for that extent. A kernel whose loop over its
 output's first dimension runs over all of it, and which reads that loop's variable only as the
-first dimension of tensors of that extent (i0 * stride0 + ...), computes the same way for any
-extent of them: it can take the extent at run time (`RuntimeExtent`: the loop's bound, and the
-first dimension of those parameters, read from the launch's arguments) and its source, and so its
-compiled binary, serves every extent.
+first dimension of tensors of that extent (i0 * stride0 + ..., or as rows of a register tile's
+group, clamped to the last), computes the same way for any extent of them: it can take the extent
+at run time (`RuntimeExtent`: the loop's bound and the clamp, expressions of the extent read from
+the launch's arguments) and its source, and so its compiled binary, serves every extent.
 
 Which extents a kernel depends on cannot be read from one lowering (the 64 of a batch and of a
 conv's channels look alike), so a kernel goes generic only when its *form* (the kernel with that
@@ -14,28 +14,40 @@ extent abstracted) has been lowered at two different extents (`Forms`): everythi
 then the same at both, and the first extent of the loop is all that varied. A first batch size
 compiles the kernels for itself; the second compiles the generic ones, once; every later size,
 in this process or another (the kernel cache keys by source), compiles nothing. Kernels the
-heuristic schedules differently at another extent (a batch jammed into register rows once it is
-large enough) differ in form and stay per extent; so does anything the structural test below
-refuses (a reduction over the batch, a guard along it, a scatter).
+heuristic schedules differently at another extent (a batch jammed into groups of another number
+of rows, or clamped in another row: an extent's remainder by the rows is part of the form) differ
+in form, and each such form goes generic at its own second extent; anything the structural test
+below refuses (a reduction over the batch, a guard along it, a scatter) stays per extent.
 """
 import hashlib
+from dataclasses import dataclass
 
 from metagraph.compiler import ir
-from metagraph.expr import Var, extras_used, linear_terms, variables
+from metagraph.expr import Binary, Const, Var, extras_used, linear_terms, variables
 
 FORMS_MAX = 1 << 14      # kernel forms a process remembers the extents of
+OUTER = "n_outer"        # the name a C-family kernel reads its run-time extent into
 
 
 class RuntimeExtent(int):
-    """An extent known only at run time: its value the one lowering saw (what arithmetic on it
-    gives), written `N` where a kernel is described or named, and read from the launch's
-    arguments where a code generator renders it (`OUTER`)."""
+    """An extent (or a last index) known only at run time: its value the one lowering saw (what
+    arithmetic on it gives), written `text`, an expression of the launch's argument OUTER (the
+    output's first extent), wherever a kernel is described or rendered."""
+
+    def __new__(cls, value, text=OUTER):
+        extent = super().__new__(cls, value)
+        extent.text = text
+        return extent
 
     def __repr__(self):
-        return "N"
+        return self.text
 
 
-OUTER = "n_outer"        # the name a C-family kernel reads its run-time extent into
+@dataclass(frozen=True, slots=True)
+class RuntimeConst(Const):
+    """A constant of an index expression that is an expression of the run-time extent: its value
+    a RuntimeExtent. Never equal to a Const (so that a rewrite putting it in place of one is seen
+    to change the expression); code generators render it as they render a Const."""
 
 
 class Forms:
@@ -51,32 +63,30 @@ class Forms:
         form = generic_form(kernel, kind, shape)
         if form is None:
             return kernel, None
-        extent = int(form.extents[0])          # (the loop's: the output's over jammed rows)
         extents = self.seen.get(form.name)
         if extents is None:
             if len(self.seen) >= FORMS_MAX:
                 self.seen = {}
             extents = self.seen[form.name] = set()
-        extents.add(extent)
-        return (form, extent) if len(extents) > 1 else (kernel, None)
+        extents.add(shape[0])
+        return (form, shape[0]) if len(extents) > 1 else (kernel, None)
 
 
 def generic_form(kernel, kind, shape):
-    """The kernel with its output's first extent taken at run time, or None where the structure
-    does not allow it: one loop over variable 0 (the output's first dimension, whole or in blocks
-    of r rows that a register tile jams: its extent is the dimension's over r), anywhere in the
-    nest; variable 0 read only linearly, in loads and stores of parameters whose first dimension
-    has the output's extent, with r times that dimension's stride; no condition, guard, local
-    array index or index tensor read, in the whole kernel. The loop runs to the extent over r,
-    given at run time."""
+    """The kernel with its output's first extent E taken at run time, or None where the structure
+    does not allow it: one loop over variable 0 (the output's first dimension, whole or in groups
+    of r rows that a register tile jams), anywhere in the nest; variable 0 read only in loads and
+    stores of parameters whose first dimension is E, at v * r times that dimension's stride, or at
+    min(v * r + k, E - 1) times it (a last group's rows clamped, blocks.jam); no condition, guard,
+    local array index or index tensor read, in the whole kernel. The loop then runs over E / r
+    groups (rounded up where clamped) and the clamp to E - 1, both of E given at run time."""
     if not shape or shape[0] < 1:
         return None
     extent = shape[0]
     loops = [s for s in _statements(kernel.body) if isinstance(s, ir.Loop) and s.var == 0]
-    if len(loops) != 1 or loops[0].kind == ir.REDUCE or extent % loops[0].extent:
+    if len(loops) != 1 or loops[0].kind == ir.REDUCE:
         return None
-    rows = extent // loops[0].extent
-    indexed = set()
+    groups, rows, indexed = loops[0].extent, None, set()
     for s in _statements(kernel.body):
         if isinstance(s, ir.Loop):
             continue
@@ -85,21 +95,42 @@ def generic_form(kernel, kind, shape):
         for param, expr in _addresses(s):
             if expr is None or 0 not in variables(expr):
                 continue
-            if param is None:
+            shape_of = None if param is None else kernel.params[param].shape
+            if not shape_of or shape_of[0] != extent:
                 return None
             terms, _ = linear_terms(expr)
-            shape_of = kernel.params[param].shape
-            if not shape_of or shape_of[0] != extent or terms.get(Var(0)) != rows * _stride(shape_of) or \
-                    any(0 in variables(t) for t in terms if t != Var(0)):
+            (term, scale), *others = [(t, c) for t, c in terms.items() if 0 in variables(t)]
+            stride = _stride(shape_of)
+            found = scale // stride if term == Var(0) and scale % stride == 0 else \
+                _clamped_rows(term, extent) if scale == stride else None
+            if others or not found or rows not in (None, found):
                 return None
+            rows = found
             indexed.add(param)
-    runtime = RuntimeExtent(loops[0].extent)
+    if rows is None or -(-extent // rows) != groups:
+        return None
+    clamped = extent % rows != 0
+    text = OUTER if rows == 1 else f"({OUTER} / {rows})" if not clamped else f"(({OUTER} + {rows - 1}) / {rows})"
+    runtime, last = RuntimeExtent(groups, text), RuntimeConst(RuntimeExtent(extent - 1, f"({OUTER} - 1)"))
     params = [ir.Param(p.name, p.dtype, (RuntimeExtent(extent),) + tuple(p.shape[1:]), p.output,
                        p.shared) if k in indexed else p for k, p in enumerate(kernel.params)]
-    body = _with_extent(kernel.body, runtime)
+    body = _with_extent(kernel.body, runtime, lambda expr: _with_last(expr, last))
     digest = hashlib.sha1(ir.describe((body, params)).encode()).hexdigest()[:8]
     name = f"{kind}_{'x'.join(['N', *map(str, shape[1:])])}_{digest}"
     return ir.Kernel(name, params, body, {**kernel.extents, 0: runtime})
+
+
+def _clamped_rows(term, extent):
+    """r where an address term is a row of a group of r clamped to the last, min(v * r + k, extent
+    - 1) with k a constant or the group's row loop and r not dividing the extent (blocks.jam);
+    else None."""
+    if not (isinstance(term, Binary) and term.op == "min" and term.b == Const(extent - 1)):
+        return None
+    terms, _ = linear_terms(term.a)
+    rows = terms.get(Var(0))
+    if rows is None or extent % rows == 0 or any(0 in variables(t) for t in terms if t != Var(0)):
+        return None
+    return rows
 
 
 def runtime_loop(loop):
@@ -108,14 +139,27 @@ def runtime_loop(loop):
                  if isinstance(s, ir.Loop) and isinstance(s.extent, RuntimeExtent)), None)
 
 
-def _with_extent(body, runtime):
-    """`body` with the loop over variable 0 running to `runtime`."""
+def _with_extent(body, runtime, rewrite):
+    """`body` with the loop over variable 0 running to `runtime`, `rewrite` applied to its
+    statements' index expressions."""
     out = []
     for s in body:
         if isinstance(s, ir.Loop):
-            s = ir.Loop(s.var, runtime if s.var == 0 else s.extent, s.kind, _with_extent(s.body, runtime))
+            s = ir.Loop(s.var, runtime if s.var == 0 else s.extent, s.kind, _with_extent(s.body, runtime, rewrite))
+        else:
+            s = ir.rewritten_statement(s, rewrite)
         out.append(s)
     return out
+
+
+def _with_last(expr, last):
+    """`expr` with every clamp to the last row (min(..., E - 1)) clamping to `last` instead."""
+    if isinstance(expr, Binary):
+        a, b = _with_last(expr.a, last), _with_last(expr.b, last)
+        if expr.op == "min" and b == Const(int(last.value)) and 0 in variables(a):
+            b = last
+        return expr if a is expr.a and b is expr.b else Binary(expr.op, a, b)
+    return expr
 
 
 def _statements(body):

@@ -150,8 +150,8 @@ class ScheduleStore:
                 return None
             outer = record["outer"]
             first = graph.nodes[positions[0]].shape[:1]
-            if outer is not None and (type(outer) is not int or not first or outer < 1 or first[0] % outer):
-                return None         # (a run-time extent is the output's first one, over jammed rows)
+            if outer is not None and (not first or outer != first[0] or type(outer) is not int):
+                return None         # (a run-time extent is the output's first one)
             spec = record["library"]
             if spec is not None:
                 name, subscripts, operand_shapes, output_shape, operand_dtype = spec

@@ -68,6 +68,22 @@ def test_a_new_batch_size_compiles_nothing_once_two_were_seen(c_backend):
     assert all(step.name.split("_")[1].startswith("N") for step in entry.steps if step.outer is not None)
 
 
+def test_a_linear_layer_over_rows_in_clamped_groups_goes_generic_per_remainder(c_backend):
+    """Rows jammed in groups of 8 with the last group clamped (blocks.jam) where no smaller group
+    divides them (a prime count): the form depends on the remainder by 8 alone; primes of one
+    remainder share one kernel, and every size's values are right."""
+    mg.manual_seed(2)
+    layer, compiles = nn.Linear(48, 40), {}
+    for n in list(range(64, 81)) + [83, 107, 131, 139]:
+        x = mg.tensor(np.random.default_rng(n).standard_normal((n, 48)).astype(np.float32))
+        with mg.profile() as prof, mg.no_grad():
+            got = layer(x).relu().numpy()
+        compiles[n] = prof.compiles
+        want = np.maximum(x.numpy() @ layer.weight.numpy().T + layer.bias.numpy(), 0)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert [compiles[n] for n in (107, 131, 139)] == [0, 0, 0]      # 67 and 83 (3 mod 8) made it generic
+
+
 def test_replayed_runs_of_generic_kernels_keep_the_values(c_backend):
     """From a schedule's third run its kernels are replayed in one native call (runtime/replay.py),
     each generic one given its extent from a slot of the plan."""
