@@ -13,7 +13,8 @@ has."""
 from collections import OrderedDict
 
 from metagraph.errors import MetagraphError, fail, user_location
-from metagraph.ops.node import GradientWalk, GradMode
+from metagraph.ops import recorded_backward
+from metagraph.ops.node import GradientWalk, GradMode, fresh_id
 from metagraph.ops.recorded import recorded_rule
 from metagraph.ops.table import TABLE
 
@@ -53,6 +54,15 @@ def gradients(outputs, output_grads, create_graph=False, retain_graph=None, op="
     create_graph), the walked nodes are released; `op` names the caller in the error raised when
     a released node is walked again. `leaves`, a list, receives the leaf nodes that require grad
     reachable from the outputs (backward() fills their .grad)."""
+    release = not (create_graph if retain_graph is None else retain_graph)
+    described = recorded_backward.structure(outputs, output_grads, create_graph)
+    template, recording = recorded_backward.lookup(described[0]) if described else (None, False)
+    if template is not None:          # (a key with a released node has no template)
+        nodes = described[1]
+        grads = template.replay(nodes, user_location(), leaves)
+        if release:
+            template.release(nodes)
+        return grads
     order = _backward_order(outputs)
     if leaves is not None:
         leaves += [node for node in order if node.leaf]
@@ -61,13 +71,16 @@ def gradients(outputs, output_grads, create_graph=False, retain_graph=None, op="
             fail(MetagraphError, op, "trying to backward through the graph a second time: backward() "
                                      "and grad() release the graph they walk; pass retain_graph=True "
                                      "to the first call to walk it again")
+    start = fresh_id()
     previous, GradMode.enabled = GradMode.enabled, create_graph
     try:
         with GradientWalk(user_location()) as walk:
             grads = _accumulated(order, outputs, output_grads, walk)
     finally:
         GradMode.enabled = previous
-    if not (create_graph if retain_graph is None else retain_graph):
+    if recording:
+        recorded_backward.record(*described, start, order, grads)
+    if release:
         for node in order:
             node.released = not node.leaf
     return grads
@@ -83,6 +96,7 @@ class GradGroup:
     def __init__(self, members, hook):
         self.members = list(members)
         self.hook = hook
+        recorded_backward.Hooks.made = True
         for node in self.members:
             node.grad_group = self
 
@@ -93,6 +107,7 @@ def grad_hooks(node):
     rule); a result that is not None replaces the gradient."""
     if node.grad_hooks is None:
         node.grad_hooks = OrderedDict()
+        recorded_backward.Hooks.made = True
     return node.grad_hooks
 
 

@@ -18,6 +18,7 @@ class GradMode:
 
 
 _ids = itertools.count()
+next_id = _ids.__next__          # a new node's id (a call with no Python frame)
 _new = object.__new__
 
 
@@ -90,6 +91,12 @@ def built_as(name, composite, args, kwargs):
         return composite(*args, **kwargs)
     finally:
         _building.set(outer)
+
+
+def building_composite():
+    """The outermost composite being built now (the one a node built now records), or None."""
+    context = _building_now()
+    return None if context is None else context[1]
 
 
 def reported_op(node):

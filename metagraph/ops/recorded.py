@@ -143,8 +143,7 @@ class Template:
     before it."""
 
     def __init__(self, steps, constants, result, name):
-        self.steps = steps            # (op, attrs, shape, dtype, requires_grad, leaf, signature, inputs),
-                                      # inputs(slots) giving the step's inputs (see _inputs)
+        self.steps = steps            # made_since's (each node's composite and device unused)
         self.constants = constants
         self.result = result          # the composite's result with slot numbers in place of nodes
         self.fill = _filler(result)   # fill(slots): the result of a replay
@@ -157,7 +156,7 @@ class Template:
         slots = arguments
         slots += self.constants
         replayed, add = Node.replayed, slots.append
-        for op, attrs, shape, dtype, requires_grad, leaf, node_signature, inputs in self.steps:
+        for op, attrs, shape, dtype, requires_grad, leaf, node_signature, inputs, _, _ in self.steps:
             add(replayed(op, inputs(slots), attrs, shape, dtype, requires_grad, leaf, node_signature,
                          location, composite))
         return self.fill(slots)
@@ -166,6 +165,16 @@ class Template:
 def _record(result, arguments, start, name):
     """The Template of a call of composite `name` that began when node ids reached `start`, or
     _CALL."""
+    made = made_since(result, arguments, start)
+    return _CALL if made is _CALL else Template(*made, name)
+
+
+def made_since(result, arguments, start):
+    """(steps, constants, result with slot numbers in place of nodes) of the nodes reached from
+    `result` that were built since node ids reached `start`, in creation order, each step
+    (op, attrs, shape, dtype, requires_grad, leaf, signature, inputs(slots), composite, device); slots are
+    the `arguments` (nodes), then the constants read, then the built nodes. _CALL when a node
+    reached is none of these (or the result is not nodes in tuples and lists), or holds a value."""
     slot = {id(node): k for k, node in enumerate(arguments)}
     built, constants, stack = {}, [], []
     try:
@@ -192,9 +201,10 @@ def _record(result, arguments, start, name):
     order = sorted(built.values(), key=lambda node: node.id)   # inputs are built before readers
     slot.update((id(node), first + k) for k, node in enumerate(order))
     steps = tuple((node.op, node.attrs, node.shape, node.dtype, node.requires_grad, node.leaf,
-                   signature(node), _inputs(tuple(slot[id(source)] for source in node.inputs)))
+                   signature(node), _inputs(tuple(slot[id(source)] for source in node.inputs)),
+                   node.composite, node.device)
                   for node in order)
-    return Template(steps, constants, _numbered(structure, slot), name)
+    return steps, constants, _numbered(structure, slot)
 
 
 def _inputs(sources):
