@@ -75,6 +75,7 @@ def lookup(key):
     fingerprint = hash(key)
     found = _TEMPLATES.get(fingerprint)
     if found is not None and found[0] == key:
+        _TEMPLATES[fingerprint] = _TEMPLATES.pop(fingerprint)      # the least recently used go first
         return (None if found[1] is _CALL else found[1]), False
     if fingerprint in _SEEN:
         return None, True
