@@ -228,3 +228,17 @@ def test_a_walk_that_moves_a_gradient_to_a_device_is_walked_every_time(rules):
     assert min(ran) > 0
     assert [made for _, made in recorded_backward._TEMPLATES.values()] == [_CALL]
     np.testing.assert_array_equal(x.grad.numpy(), [1.5, 12.0, -3.0])
+
+
+def test_a_replay_gives_the_walks_gradients_in_its_order_and_its_leaves(rules):
+    a = mg.tensor([1.0, 2.0], requires_grad=True)
+    b = mg.tensor([3.0, 4.0], requires_grad=True)
+
+    def walk():
+        h = a * b
+        leaves = []
+        grads = autograd.gradients([(h + a).sum().node], [mg.tensor(1.0).node], retain_graph=True,
+                                   leaves=leaves)
+        return [g.shape for g in grads.values()], len(grads), [leaf is a.node for leaf in leaves]
+    (walked, _, replayed), ran = _three_times(rules, walk)
+    assert ran[2] == 0 and replayed == walked

@@ -7,7 +7,8 @@ and of the nodes those were built from (a window's gradient looks two nodes down
 gradients, grad mode (create_graph), autocast's dtype and the default float dtype. The key is
 therefore the whole graph reachable from the outputs and their gradients, every node with its
 signature, requires_grad, leaf and released flags, composite name (what its gradient's nodes
-record) and inputs by number (first met, first numbered), and those settings.
+record), device (what theirs is) and inputs by number (first met, first numbered), and those
+settings.
 
 A structure's first walk is only keyed (a graph seen once, as in tests or a model whose graph
 changes, pays the key alone); its second walk is recorded, as recorded.py records a composite:
@@ -89,13 +90,12 @@ def record(key, nodes, start, order, grads):
     """Remember the walk that began when node ids reached `start` over the graph `nodes` (in key
     order), which gave `grads` (node id -> gradient node) for `order` (the walk's nodes)."""
     number = {node.id: k for k, node in enumerate(nodes)}
-    walked = [node for node in order if node.id in grads]
-    made = made_since(tuple([grads[node.id] for node in walked]), nodes, start)
+    made = made_since(tuple(grads.values()), nodes, start)
     if made is not _CALL and any(step[0] == "copy" for step in made[0]):    # (a move: see module)
         made = _CALL
     if made is not _CALL:
         steps, constants, result = made
-        made = Walk(steps, constants, tuple(zip([number[node.id] for node in walked], result)),
+        made = Walk(steps, constants, tuple(zip([number[walked] for walked in grads], result)),
                     tuple([number[node.id] for node in order if node.leaf]),
                     tuple([number[node.id] for node in order if not node.leaf]))
     fingerprint = hash(key)
@@ -107,8 +107,9 @@ def record(key, nodes, start, order, grads):
 
 class Walk:
     """A recorded backward pass: the gradient nodes it built (recorded.made_since's steps, with the
-    composite each recorded), the gradient of each walked node (its number, the gradient's slot),
-    the numbers of the leaves it reached and of the nodes it released unless retain_graph."""
+    composite and device each recorded), each gradient it gave (the node's number, the gradient's
+    slot, in the walk's order), the numbers of the leaves it reached and of the nodes it released
+    unless retain_graph."""
     __slots__ = ("steps", "constants", "gradients", "leaves", "walked")
 
     def __init__(self, steps, constants, gradients, leaves, walked):
