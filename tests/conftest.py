@@ -39,5 +39,14 @@ def _restore_backend():
         mg.set_backend(before)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_backward_templates(monkeypatch):
+    """No backward pass recorded in one test is replayed in another: tests replace gradient rules
+    (a replay would give the rules' graph from before)."""
+    from metagraph.ops import recorded_backward
+    monkeypatch.setattr(recorded_backward, "_TEMPLATES", {})
+    monkeypatch.setattr(recorded_backward, "_SEEN", {})
+
+
 def pytest_sessionfinish(session):
     shutil.rmtree(CACHE_DIR, ignore_errors=True)
