@@ -13,6 +13,12 @@ VECTOR_BYTES = 64  # one AVX-512 register: the loop nest's unit of vectorisation
 # 2 accumulation chains, latency-bound at 67 GFLOP/s on two cores)
 JAM_ROWS = (8, 4, 7, 6, 5, 3, 2)
 JAM_WASTE = 8      # rows a register block may compute twice where none of JAM_ROWS divides: 1 in 8
+# Rows a register block takes along a dimension whose extent varies (jam_rows), in order. 6 rows of
+# a 4-vector tile (24 accumulators) ran matmuls and linear layers 10-34% faster than 8 (every
+# register) on one core, but matmul 2048^3 13% slower on two: each group of rows streams the other
+# operand whole from L3, and 6 rows stream it a third more often. Which wins is a cost model's
+# call (L3 traffic against register pressure); 8 keeps what powers of two ran before.
+VARYING_ROWS = (8, 6, 4, 2)
 
 
 def contiguous(value, var, stride_max=STRIDE_MAX):
@@ -51,17 +57,25 @@ def register_block(shape, value, outer, inner, size, most=8):
         if any(inner in loop_variables(load) for load in dependent):
             continue
         rows = jam_rows(shape[d], lambda r: r <= most and r * size <= ACC_MAX and
-                        (d != 0 or -(-shape[d] // r) >= 8))
+                        (d != 0 or -(-shape[d] // r) >= 8), varies=d == 0)
         if rows is not None:
             return d, rows
     return None
 
 
-def jam_rows(extent, allowed):
+def jam_rows(extent, allowed, varies=False):
     """The rows a register block takes along a dimension of `extent`: the first of JAM_ROWS that
     `allowed` and divides it, else the largest allowed that leaves at most 1/JAM_WASTE of the rows
-    computed twice (blocks.jam clamps a last group's rows past the extent: a linear layer over 97
-    tokens blocks 8 rows, 13 groups, where it ran one row at a time at a quarter of the speed)."""
+    computed twice (blocks.jam clamps a last group to the extent: a linear layer over 97 tokens
+    blocks 8 rows, 13 groups, where it ran one row at a time at a quarter of the speed). Along a
+    dimension whose extent `varies` from call to call (the output's first: a batch), the first of
+    VARYING_ROWS allowed within that waste, divisor or not: the rows then change only where the extent
+    crosses one of a few thresholds, and kernels over batches of other sizes share one generic form
+    (generic.py; a small CNN over batch sizes 1..200 compiled 53 kernels after its first two sizes,
+    as many forms as row counts its linear layers took)."""
+    if varies:
+        return next((r for r in VARYING_ROWS if allowed(r) and r < extent and (-extent % r) * JAM_WASTE <= extent),
+                    None)
     rows = next((r for r in JAM_ROWS if allowed(r) and extent % r == 0), None)
     if rows is None:
         rows = next((r for r in sorted(JAM_ROWS, reverse=True) if allowed(r) and r < extent and

@@ -3,21 +3,21 @@
 A training or inference loop over batches of another size builds the same graph with another
 leading extent, and lowering gives the same kernels but for that extent. A kernel whose loop over its
 output's first dimension runs over all of it, and which reads that loop's variable only as the
-first dimension of tensors of that extent (i0 * stride0 + ..., or as rows of a register tile's
-group, clamped to the last), computes the same way for any extent of them: it can take the extent
-at run time (`RuntimeExtent`: the loop's bound and the clamp, expressions of the extent read from
-the launch's arguments) and its source, and so its compiled binary, serves every extent.
+first dimension of tensors of that extent (i0 * stride0 + ..., or as the rows of a register tile's
+group, the group's first row clamped to the last group's), computes the same way for any extent of
+them: it can take the extent at run time (`RuntimeExtent`: the loop's bound and the clamp,
+expressions of the extent read from the launch's arguments) and its source, and so its compiled
+binary, serves every extent.
 
-Which extents a kernel depends on cannot be read from one lowering (the 64 of a batch and of a
-conv's channels look alike), so a kernel goes generic only when its *form* (the kernel with that
-extent abstracted) has been lowered at two different extents (`Forms`): everything else in it was
-then the same at both, and the first extent of the loop is all that varied. A first batch size
-compiles the kernels for itself; the second compiles the generic ones, once; every later size,
-in this process or another (the kernel cache keys by source), compiles nothing. Kernels the
-heuristic schedules differently at another extent (a batch jammed into groups of another number
-of rows, or clamped in another row: an extent's remainder by the rows is part of the form) differ
-in form, and each such form goes generic at its own second extent; anything the structural test
-below refuses (a reduction over the batch, a guard along it, a scatter) stays per extent.
+A kernel is lowered for its extent and then made generic (`generic_form`); the generic kernel is
+what is compiled and run, from the first extent on. Its *form* (the kernel with that extent
+abstracted) names it, so a later extent whose lowering gives the same form reuses it, in this
+process or another (the kernel cache keys by source), and one whose lowering differs anywhere
+else (a constant that was the extent by coincidence, a schedule chosen for another extent) is
+another form. The heuristic keeps the schedule along the first dimension the same over wide ranges
+of its extent (access.jam_rows), so a handful of forms serve every batch size. Anything the
+structural test below refuses (a reduction over the batch, a guard along it, a scatter; and a
+first extent of 1, which lowering drops) stays per extent.
 """
 import hashlib
 from dataclasses import dataclass
@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from metagraph.compiler import ir
 from metagraph.expr import Binary, Const, Var, extras_used, linear_terms, variables
 
-FORMS_MAX = 1 << 14      # kernel forms a process remembers the extents of
 OUTER = "n_outer"        # the name a C-family kernel reads its run-time extent into
 
 
@@ -50,26 +49,11 @@ class RuntimeConst(Const):
     to change the expression); code generators render it as they render a Const."""
 
 
-class Forms:
-    """The extents each kernel form has been lowered at (a pipeline's, kept across graphs)."""
-
-    def __init__(self):
-        self.seen = {}       # generic kernel name -> the extents it was lowered at
-
-    def generic(self, kernel, kind, shape):
-        """(kernel, its outer extent) for `kernel` (of output `shape`, named with `kind`): its
-        generic form where that form has been lowered at another extent before, else the kernel as
-        it is and None."""
-        form = generic_form(kernel, kind, shape)
-        if form is None:
-            return kernel, None
-        extents = self.seen.get(form.name)
-        if extents is None:
-            if len(self.seen) >= FORMS_MAX:
-                self.seen = {}
-            extents = self.seen[form.name] = set()
-        extents.add(shape[0])
-        return (form, shape[0]) if len(extents) > 1 else (kernel, None)
+def generic(kernel, kind, shape):
+    """(kernel, its outer extent): `kernel` (of output `shape`, named with `kind`) in its generic
+    form, or as it is and None where it has none."""
+    form = generic_form(kernel, kind, shape)
+    return (kernel, None) if form is None else (form, shape[0])
 
 
 def generic_form(kernel, kind, shape):
@@ -77,9 +61,10 @@ def generic_form(kernel, kind, shape):
     does not allow it: one loop over variable 0 (the output's first dimension, whole or in groups
     of r rows that a register tile jams), anywhere in the nest; variable 0 read only in loads and
     stores of parameters whose first dimension is E, at v * r times that dimension's stride, or at
-    min(v * r + k, E - 1) times it (a last group's rows clamped, blocks.jam); no condition, guard,
+    min(v * r, E - r) times it (a group's first row clamped, blocks.jam); no condition, guard,
     local array index or index tensor read, in the whole kernel. The loop then runs over E / r
-    groups (rounded up where clamped) and the clamp to E - 1, both of E given at run time."""
+    groups, rounded up, each group's first row clamped to E - r, both of E given at run time (also
+    where r divides E: one form for both)."""
     if not shape or shape[0] < 1:
         return None
     extent = shape[0]
@@ -102,35 +87,32 @@ def generic_form(kernel, kind, shape):
             (term, scale), *others = [(t, c) for t, c in terms.items() if 0 in variables(t)]
             stride = _stride(shape_of)
             found = scale // stride if term == Var(0) and scale % stride == 0 else \
-                _clamped_rows(term, extent) if scale == stride else None
+                _group_rows(term, extent) if scale == stride else None
             if others or not found or rows not in (None, found):
                 return None
             rows = found
             indexed.add(param)
     if rows is None or -(-extent // rows) != groups:
         return None
-    clamped = extent % rows != 0
-    text = OUTER if rows == 1 else f"({OUTER} / {rows})" if not clamped else f"(({OUTER} + {rows - 1}) / {rows})"
-    runtime, last = RuntimeExtent(groups, text), RuntimeConst(RuntimeExtent(extent - 1, f"({OUTER} - 1)"))
+    text = OUTER if rows == 1 else f"(({OUTER} + {rows - 1}) / {rows})"
+    runtime = RuntimeExtent(groups, text)
+    first = Binary("min", Var(0) * rows, RuntimeConst(RuntimeExtent(extent - rows, f"({OUTER} - {rows})")))
     params = [ir.Param(p.name, p.dtype, (RuntimeExtent(extent),) + tuple(p.shape[1:]), p.output,
                        p.shared) if k in indexed else p for k, p in enumerate(kernel.params)]
-    body = _with_extent(kernel.body, runtime, lambda expr: _with_last(expr, last))
+    body = _with_extent(kernel.body, runtime, lambda expr: _grouped(expr, rows, first))
     digest = hashlib.sha1(ir.describe((body, params)).encode()).hexdigest()[:8]
     name = f"{kind}_{'x'.join(['N', *map(str, shape[1:])])}_{digest}"
     return ir.Kernel(name, params, body, {**kernel.extents, 0: runtime})
 
 
-def _clamped_rows(term, extent):
-    """r where an address term is a row of a group of r clamped to the last, min(v * r + k, extent
-    - 1) with k a constant or the group's row loop and r not dividing the extent (blocks.jam);
-    else None."""
-    if not (isinstance(term, Binary) and term.op == "min" and term.b == Const(extent - 1)):
+def _group_rows(term, extent):
+    """r where an address term is the first row of a group of r clamped, min(v * r, extent - r)
+    (blocks.jam, r not dividing the extent); else None."""
+    if not (isinstance(term, Binary) and term.op == "min" and isinstance(term.b, Const)):
         return None
-    terms, _ = linear_terms(term.a)
+    terms, const = linear_terms(term.a)
     rows = terms.get(Var(0))
-    if rows is None or extent % rows == 0 or any(0 in variables(t) for t in terms if t != Var(0)):
-        return None
-    return rows
+    return rows if rows and len(terms) == 1 and not const and term.b == Const(extent - rows) else None
 
 
 def runtime_loop(loop):
@@ -152,14 +134,25 @@ def _with_extent(body, runtime, rewrite):
     return out
 
 
-def _with_last(expr, last):
-    """`expr` with every clamp to the last row (min(..., E - 1)) clamping to `last` instead."""
-    if isinstance(expr, Binary):
-        a, b = _with_last(expr.a, last), _with_last(expr.b, last)
-        if expr.op == "min" and b == Const(int(last.value)) and 0 in variables(a):
-            b = last
-        return expr if a is expr.a and b is expr.b else Binary(expr.op, a, b)
-    return expr
+def _grouped(expr, rows, first):
+    """An index expression reading variable 0 (as generic_form found it: v * r * stride, or a
+    group's first row clamped times the stride) with the group's first row `first` instead, clamped
+    to a last group's first row given at run time, and its terms in one order: a kernel whose rows
+    divide the extent and one whose rows do not have one generic form. Others unchanged."""
+    if rows == 1 or 0 not in variables(expr):
+        return expr
+    terms, const = linear_terms(expr)
+    scaled = {}
+    for term, scale in terms.items():
+        if term == Var(0):
+            term, scale = first, scale // rows
+        elif 0 in variables(term):
+            term = first
+        scaled[term] = scale
+    result = Const(const)
+    for term in sorted(scaled, key=repr):
+        result = result + term * scaled[term]
+    return result
 
 
 def _statements(body):

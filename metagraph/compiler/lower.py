@@ -17,6 +17,7 @@ from metagraph import dtypes
 from metagraph.compiler import (blocks, cascade, contraction, decompose, flat_rows, gather, hoist, ir, lanes,
                                 peel, rewrites, rows, search)
 from metagraph.compiler.fusion import allow_depth, materialised
+from metagraph.compiler.generic import generic
 from metagraph.compiler.heuristic import ACC_REGISTERS, TILE_FILL, Heuristic
 from metagraph.compiler.schedule import Scheduling, applied
 from metagraph.compiler.simplify import simplify, substitute
@@ -103,13 +104,13 @@ class _Refuse(Exception):
         self.positions = positions
 
 
-def schedule(graph, target=Target(), library=False, tuned=None, forms=None):
+def schedule(graph, target=Target(), library=False, tuned=None, runtime_extents=False):
     """The kernel launches that compute graph's outputs, in order, for `target` (`library`:
     contractions go to a library, see contraction.py; `tuned(kernel name)`: the target that
-    timing chose for that kernel instead, or None; see tuning.py; `forms`: a generic.Forms, where
-    the code generator takes a kernel's outermost extent at run time)."""
+    timing chose for that kernel instead, or None; see tuning.py; `runtime_extents`: whether the
+    code generator takes a kernel's outermost extent at run time, generic.py)."""
     allow_depth()
-    chosen, unfusable, kept = materialised(graph), set(), Kept(forms=forms)
+    chosen, unfusable, kept = materialised(graph), set(), Kept(runtime_extents=runtime_extents)
     while True:
         try:
             steps = _steps(graph, chosen, unfusable, target, library, kept)
@@ -118,24 +119,24 @@ def schedule(graph, target=Target(), library=False, tuned=None, forms=None):
             for position in refused.positions:
                 (unfusable if position in chosen else chosen).add(position)
     choices = [tuned(step.name) if tuned else None for step in steps]
-    return [step if choice in (None, target) else _relowered(graph, step, choice, forms)
+    return [step if choice in (None, target) else _relowered(graph, step, choice, runtime_extents)
             for step, choice in zip(steps, choices)]
 
 
-def _relowered(graph, step, target, forms):
+def _relowered(graph, step, target, runtime_extents):
     """relower, or `step` itself where the remembered target's steps do not apply to it (a cache
     entry of another version or a damaged one is never trusted)."""
     try:
-        return relower(graph, step, target, forms)
+        return relower(graph, step, target, runtime_extents)
     except ValueError:
         return step
 
 
-def relower(graph, step, target, forms=None):
+def relower(graph, step, target, runtime_extents=False):
     """The kernel of `step` (a schedule's, for a graph of the same structure as `graph`) for
     another target (other register-tile parameters)."""
     root, epilogue_reduce, prologues, chosen = step.lowering
-    other = _Lowering(graph, chosen, root, list(epilogue_reduce), target, prologues, forms).kernel()
+    other = _Lowering(graph, chosen, root, list(epilogue_reduce), target, prologues, runtime_extents).kernel()
     other.lowering, other.tuned_from = step.lowering, step.tuned_from or step.name
     return other
 
@@ -149,7 +150,7 @@ class Kept:
     # (root, epilogue, prologues) -> (positions visited, those materialised then, step)
     kernels: dict = field(default_factory=dict)
     walks: dict = field(default_factory=dict)     # root -> (inlined positions, positions read)
-    forms: object = None     # a generic.Forms, or None
+    runtime_extents: bool = False     # kernels take their outermost extent at run time
 
 
 def _steps(graph, chosen, unfusable, target, library, kept):
@@ -190,7 +191,7 @@ def _steps(graph, chosen, unfusable, target, library, kept):
         if key in kept.kernels and frozenset(kept.kernels[key][0] & frozen) == kept.kernels[key][1]:
             steps.append(kept.kernels[key][2])
             continue
-        lowering = _Lowering(graph, frozen, k, epilogue_reduce, target, prologues, kept.forms)
+        lowering = _Lowering(graph, frozen, k, epilogue_reduce, target, prologues, kept.runtime_extents)
         step = lowering.kernel()
         step.lowering = (k, tuple(epilogue_reduce), prologues, frozen)
         kept.kernels[key] = (lowering.visited, frozenset(lowering.visited & frozen), step)
@@ -258,8 +259,9 @@ def _size(expr):
 
 
 class _Lowering:
-    def __init__(self, graph, chosen, root, epilogue_reduce, target, prologues=frozenset(), forms=None):
-        self.graph, self.chosen, self.root, self.target, self.forms = graph, chosen, root, target, forms
+    def __init__(self, graph, chosen, root, epilogue_reduce, target, prologues=frozenset(), runtime_extents=False):
+        self.graph, self.chosen, self.root, self.target = graph, chosen, root, target
+        self.runtime_extents = runtime_extents
         self.fused_reduce = epilogue_reduce[0] if epilogue_reduce else None
         self.prologue_reduces, self.building = prologues, []
         self.prologue_depths = {}    # a row prologue's accumulator name -> (depth, graph position)
@@ -492,8 +494,8 @@ class _Lowering:
         shape = "x".join(map(str, node.shape)) or "scalar"
         digest = hashlib.sha1(ir.describe((body, params)).encode()).hexdigest()[:8]
         kernel, outer = ir.Kernel(f"{kind}_{shape}_{digest}", params, body, dict(self.extents)), None
-        if self.forms is not None and kind in ("e", "r"):
-            kernel, outer = self.forms.generic(kernel, kind, node.shape)
+        if self.runtime_extents and kind in ("e", "r"):
+            kernel, outer = generic(kernel, kind, node.shape)
         return Step(kernel, positions, self.sites, in_place=in_place, outer=outer,
                     reduction_schedule=tuple(self.steps or ()), neighbours=tuple(self.neighbours))
 

@@ -20,7 +20,6 @@ from metagraph import flags
 from metagraph.codegen import library
 from metagraph.codegen.interpreter import NumpyBackend
 from metagraph.compiler import provenance
-from metagraph.compiler.generic import Forms
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import schedule
 from metagraph.errors import CompileError, MetagraphError, at
@@ -81,8 +80,6 @@ class Pipeline:
         self.functions = {}               # kernel key -> callable
         self.tuner = Tuner(self)
         self.stored = ScheduleStore(self)
-        # the extents each kernel form was lowered at, where kernels may take theirs at run time
-        self.forms = Forms() if generator.runtime_extents else None
 
     @property
     def target(self):
@@ -158,7 +155,8 @@ class Pipeline:
     def _scheduled(self, graph, began):
         """A new Schedule for `graph`: lowered, its kernels loaded (compiled where new), stored."""
         steps = schedule(graph, self.target, bool(flags.LIBRARY),
-                         tuned=self.tuner.get if flags.TUNE else None, forms=self.forms)
+                         tuned=self.tuner.get if flags.TUNE else None,
+                         runtime_extents=self.generator.runtime_extents)
         report = profiler.current()
         if report is not None:
             report.record("schedule", "schedule", began, time.perf_counter() - began,

@@ -187,8 +187,8 @@ class Tuner:
     def time(functions, step, graph, buffers):
         """The fastest of REPEATS calls of each function (variants of `step`), after a warm call,
         called in turn so that whatever else the machine does falls on all of them alike; one
-        output array serves them all (variants are relowered without `forms`: none takes its
-        extent at run time, compiler/generic.py)."""
+        output array serves them all (variants are relowered without run-time extents:
+        none takes its extent at run time, compiler/generic.py)."""
         node = graph.nodes[step.positions[0]]
         arrays = [executor.allocate(node.shape, node.dtype.np)] + [buffers[k] for k in step.positions[1:]]
         error = np.zeros(1, dtype=np.int64)

@@ -201,12 +201,17 @@ def test_the_primitives_build_a_register_tile_and_a_pack():
 
 
 def test_rows_that_do_not_divide_are_jammed_with_the_last_group_clamped():
-    """7 rows in groups of 3: 3 groups, the last computing row 6 three times, over the same values."""
+    """7 rows in groups of 3: 3 groups, the last starting at row 4 (computing rows 4 and 5 again, over
+    the same values); where 3 divides the rows the clamp folds away."""
     body, extents = _plain(m=7)
     body = schedule.applied(body, extents, [schedule.Rewrite("block", ((1,),)), schedule.Rewrite("jam", (0, 3))])
     nest = blocks.Nest(body)
     assert extents[0] == 3 and len(nest.accumulations) == 3
-    assert all("min" in str(a.value) for a in nest.accumulations[1:]) and "min" not in str(nest.accumulations[0].value)
+    first = "Binary(op='min', a=Binary(op='*', a=Var(axis=0), b=Const(value=3)), b=Const(value=4))"
+    assert all(first in str(a.value) for a in nest.accumulations)
+    body, extents = _plain(m=6)
+    body = schedule.applied(body, extents, [schedule.Rewrite("block", ((1,),)), schedule.Rewrite("jam", (0, 3))])
+    assert "min" not in str(blocks.Nest(body).accumulations)
 
 
 def test_the_heuristic_blocks_rows_of_a_prime_count():
