@@ -14,6 +14,7 @@ from metagraph.compiler.access import Replace
 from metagraph.compiler.simplify import simplify, value_range
 from metagraph.errors import IndexOutOfRange
 from metagraph.expr import Const, Var, linear_terms
+from metagraph.ops.window_gradient import GATHER_WASTE_MAX
 
 
 def gathered(lowering, node, out):
@@ -64,9 +65,6 @@ def gathered(lowering, node, out):
     result = lowering.accumulate(node.dtype, 0, "add", loops, value)
     outer = tuple(Var(d) for d in range(node.ndim))
     return lowering.loop_nest(node, ir.Store(out, lowering.flat(node.shape, outer), result))
-
-
-GATHER_WASTE_MAX = 3      # a strided gather may run this many times the loop steps that add
 
 
 def _solved_variable(coefficients, shape):

@@ -66,8 +66,18 @@ def test_a_unit_stride_input_gradient_is_a_sum_with_no_scatter(conv):
     assert "reindex_reduce" not in ops and "reduce" in ops
 
 
-def test_a_strided_input_gradient_over_a_long_plane_keeps_the_scatter():
+@pytest.mark.parametrize("conv, kernel", [(dict(stride=2, padding=1), 3), (dict(stride=3, padding=2), 5),
+                                          (dict(stride=2), 1), (dict(stride=(2, 1), padding=1), 3)])
+def test_a_strided_input_gradient_is_a_sum_over_phases_with_no_scatter(conv, kernel):
+    """Split into the stride's phases, each a unit-stride sum (a 1x1 window's one phase, the
+    others zero); the values are the scatter's (the hypothesis test above)."""
+    rng = np.random.default_rng(3)
+    _, _, ops = _gradients(rng.standard_normal((1, 2, 12, 11)), rng.standard_normal((2, 2, kernel, kernel)), conv)
+    assert "reindex_reduce" not in ops and "reduce" in ops
+
+
+def test_a_strided_dilated_input_gradient_keeps_the_scatter():
     rng = np.random.default_rng(3)
     _, _, ops = _gradients(rng.standard_normal((1, 2, 12, 12)), rng.standard_normal((2, 2, 3, 3)),
-                           dict(stride=2, padding=1))
+                           dict(stride=2, padding=2, dilation=2))
     assert "reindex_reduce" in ops
