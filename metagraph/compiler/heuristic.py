@@ -27,10 +27,15 @@ from metagraph.compiler.simplify import value_range
 from metagraph.expr import Var, linear_terms, variables
 
 PACK_BYTES = 64 * 1024    # a packed operand slice (dot products) at most this large
-TILE_PACK_SHARE = 3 / 8   # a channel tile's packed operand at most this share of a core's L2 (192 KiB
-# of 512 KiB, measured; at 192 KiB of a 1 MiB L2, ResNet-50's 3x3 stride-2 conv over 14x14 at batch
-# 1, whose pack is 288 KiB, ran as a 7-wide strided row tile: 3.9 ms, and the network 36.7 ms on
-# two cores; with its channel tile 32.4)
+# A channel tile's packed operand at most this many times a core's L2. The tile streams its pack once
+# per pass over the outputs it jams (a weight gradient: the 3x3 taps, 9 multiply-adds per element
+# read), so a pack larger than L2 streams from L3 at a few FLOPs a byte and the tile still wins: the
+# weight gradient of a 3x3 conv over (8, 64, 56, 56), a 1.6 MB pack, 14.5 -> 8.3 ms on one core;
+# over (8, 128, 28, 28) 62 -> 8.4 ms; ResNet-18's training step at 224^2, bs8, 891 -> 674 ms (one
+# core), 471 -> 358 (two). At 3/8 (192 KiB of 512 KiB measured first, then 384 of 1 MiB: ResNet-50's
+# stride-2 conv over 14x14 at batch 1, a 288 KiB pack, 36.7 -> 32.4 ms a network with its tile) those
+# fell back to a flattened 3-wide row tile.
+TILE_PACK_SHARE = 4
 # A register tile along the output row whose vectors hold fewer output elements than this share of
 # their lanes gives way to a channel tile (one core, conv 3x3 forward): over 8x8 planes, bs32 (4
 # rows of 8 in 48 lanes) 2.07 -> 1.41 ms; over 4x4 3.3 -> 1.9 ms; over 7x7 (49 of 64 lanes) the
