@@ -101,8 +101,14 @@ def w2(torch):
     return (lambda: F.softmax(x, dim=1).numpy()), theirs, "ms", None
 
 
-def w6(torch):
-    data, labels = random_array(32, 3, 32, 32), np.random.default_rng(0).integers(0, 10, 32)
+def resnet18_training(batch, size):
+    """A workload: a ResNet-18 training step (SGD with momentum) on (batch, 3, size, size), in
+    images/s."""
+    return lambda torch: _resnet18_training(torch, batch, size)
+
+
+def _resnet18_training(torch, batch, size):
+    data, labels = random_array(batch, 3, size, size), np.random.default_rng(0).integers(0, 10, batch)
     model = mg.models.resnet18(num_classes=10)
     x, y = mg.tensor(data), mg.tensor(labels)
     ours = training_step(lambda: F.cross_entropy(model(x), y),
@@ -113,7 +119,7 @@ def w6(torch):
         tx, ty = torch.from_numpy(data), torch.from_numpy(labels)
         theirs = training_step(lambda: torch.nn.functional.cross_entropy(reference(tx), ty),
                                torch.optim.SGD(reference.parameters(), lr=0.01, momentum=0.9))
-    return ours, theirs, "images/s", 32
+    return ours, theirs, "images/s", batch
 
 
 def w7(torch):
@@ -136,7 +142,8 @@ WORKLOADS = {
     "W3b": ("matmul 256^3", matmul(256, 256, 256)),
     "W4": ("conv2d 3x3, (8,64,56,56) -> 64", conv(8, 64, 64, 56, 3)),
     "W5": ("ResNet-18 inference, batch 8, 224^2", inference("resnet18", 8)),
-    "W6": ("ResNet-18 training step, batch 32, 32^2", w6),
+    "W6": ("ResNet-18 training step, batch 32, 32^2", resnet18_training(32, 32)),
+    "W6l": ("ResNet-18 training step, batch 8, 224^2", resnet18_training(8, 224)),
     "W7": ("1000 x (a + 1) on 16 floats, then read", w7),
     "W9": ("VGG-11 inference, batch 4, 224^2", inference("vgg11", 4)),
     **transformer_workloads,

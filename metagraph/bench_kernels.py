@@ -38,40 +38,42 @@ def matmul(m, k, n, roof=False):
     return workload
 
 
-def conv(batch, channels, out, size, kernel, groups=1, backward=False):
-    """A workload: conv2d of (batch, channels, size, size) to `out` channels, stride 1, padded to
-    keep the size, in GFLOP/s; with backward, also the gradients of the input and the weight for a
-    random output gradient (counted as 3x the forward's FLOPs)."""
+def conv(batch, channels, out, size, kernel, groups=1, backward=False, stride=1):
+    """A workload: conv2d of (batch, channels, size, size) to `out` channels, padded by kernel // 2
+    (a stride-1 conv keeps the size), in GFLOP/s; with backward, also the gradients of the input and
+    the weight for a random output gradient (counted as 3x the forward's FLOPs)."""
     padding = kernel // 2
-    flops = 2 * batch * out * size * size * (channels // groups) * kernel * kernel
+    side = (size + 2 * padding - kernel) // stride + 1
+    flops = 2 * batch * out * side * side * (channels // groups) * kernel * kernel
+    options = dict(padding=padding, groups=groups, stride=stride)
 
     def workload(torch):
         x = random_array(batch, channels, size, size)
         w = random_array(out, channels // groups, kernel, kernel, seed=1)
         if backward:
-            ours, theirs = _conv_backward(torch, x, w, padding, groups)
+            ours, theirs = _conv_backward(torch, x, w, options)
             return ours, theirs, "GFLOP/s", 3 * flops
         mx, mw = mg.tensor(x), mg.tensor(w)
         theirs = None
         if torch:
             tx, tw = torch.from_numpy(x), torch.from_numpy(w)
-            theirs = lambda: torch.nn.functional.conv2d(tx, tw, padding=padding,  # noqa: E731
-                                                        groups=groups).numpy()
-        return (lambda: F.conv2d(mx, mw, padding=padding, groups=groups).numpy()), theirs, "GFLOP/s", flops
+            theirs = lambda: torch.nn.functional.conv2d(tx, tw, **options).numpy()  # noqa: E731
+        return (lambda: F.conv2d(mx, mw, **options).numpy()), theirs, "GFLOP/s", flops
     return workload
 
 
-def _conv_backward(torch, x, w, padding, groups):
+def _conv_backward(torch, x, w, options):
     """(metagraph fn, torch fn or None): a forward and backward pass each, returning the input's and
     the weight's gradients as numpy arrays."""
-    shape = (x.shape[0], w.shape[0], x.shape[2] + 2 * padding - w.shape[2] + 1,
-             x.shape[3] + 2 * padding - w.shape[3] + 1)
+    mx, mw = mg.tensor(x, requires_grad=True), mg.tensor(w, requires_grad=True)
+    with mg.no_grad():
+        shape = F.conv2d(mx, mw, **options).shape
     gradient = random_array(*shape, seed=2)
-    mx, mw, mgrad = mg.tensor(x, requires_grad=True), mg.tensor(w, requires_grad=True), mg.tensor(gradient)
+    mgrad = mg.tensor(gradient)
 
     def ours():
         mx.grad, mw.grad = None, None
-        F.conv2d(mx, mw, padding=padding, groups=groups).backward(mgrad)
+        F.conv2d(mx, mw, **options).backward(mgrad)
         mg.sync(mx.grad, mw.grad)
         return mx.grad.numpy(), mw.grad.numpy()
     if not torch:
@@ -81,7 +83,7 @@ def _conv_backward(torch, x, w, padding, groups):
 
     def theirs():
         tx.grad, tw.grad = None, None
-        torch.nn.functional.conv2d(tx, tw, padding=padding, groups=groups).backward(tgrad)
+        torch.nn.functional.conv2d(tx, tw, **options).backward(tgrad)
         return tx.grad.numpy(), tw.grad.numpy()
     return ours, theirs
 
@@ -108,6 +110,8 @@ WORKLOADS = {
     "K1e": ("matmul 4096x64 @ 64x4096", matmul(4096, 64, 4096)),
     "K2f": ("conv2d 3x3, (8,64,56,56) -> 64, forward", conv(8, 64, 64, 56, 3)),
     "K2b": ("conv2d 3x3, (8,64,56,56) -> 64, forward+backward", conv(8, 64, 64, 56, 3, backward=True)),
+    "K2s": ("conv2d 3x3 stride 2, (32,64,32,32) -> 128, forward+backward",
+            conv(32, 64, 128, 32, 3, backward=True, stride=2)),
     "K3a": ("conv2d 1x1, (8,256,56,56) -> 64, forward", conv(8, 256, 64, 56, 1)),
     "K3b": ("depthwise conv2d 3x3, (8,128,56,56), groups 128", conv(8, 128, 128, 56, 3, groups=128)),
     "K4": ("LayerNorm 8192x1024 forward", layer_norm(8192, 1024)),

@@ -32,7 +32,7 @@ def test_the_zoo_twins_compute_what_the_zoo_computes(name):
 
 @pytest.mark.parametrize("make", [matmul(5, 3, 7, roof=True), conv(2, 4, 3, 6, 3), conv(2, 6, 4, 5, 1),
                                   conv(2, 4, 4, 6, 3, groups=4), conv(2, 4, 3, 6, 3, backward=True),
-                                  layer_norm(4, 8)])
+                                  conv(2, 4, 3, 12, 3, backward=True, stride=2), layer_norm(4, 8)])
 def test_both_sides_of_a_kernel_row_compute_the_same(make):
     torch = pytest.importorskip("torch")
     ours, theirs, _, _, *more = make(torch)

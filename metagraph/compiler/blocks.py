@@ -262,7 +262,7 @@ def flatten_plane(body, a, b, pitch, rows, extents):
 
 def _reading(statements, var):
     """Whether any of `statements` (and the loops inside them) reads loop variable `var`."""
-    for s in ir_statements(statements):
+    for s in ir.statements(statements):
         for part in ("index", "valid"):
             expr = getattr(s, part, None)
             if expr is not None and not isinstance(expr, (int, str)) and var in variables(expr):
@@ -317,14 +317,6 @@ def jam(body, var, rows, extents):
                             [(r, rows, ir.SERIAL)] + loops_of(nest.store_loops), stores)
     chain = [ir.Loop(o.var, extents[o.var], o.kind, None) for o in nest.chain]
     return nest.rebuilt(chain, bottom)
-
-
-def ir_statements(body):
-    """Every statement of `body`, loops and the statements inside them."""
-    for s in body:
-        yield s
-        if isinstance(s, ir.Loop):
-            yield from ir_statements(s.body)
 
 
 def replaced_loop(body, var, loop):

@@ -117,7 +117,7 @@ class _Cascade:
         names (a copy of the body beside the original must not declare the same arrays)."""
         replace = Replace(mapping)
         names = {}
-        for s in _walk(body) if rename else ():
+        for s in ir.statements(body) if rename else ():
             if isinstance(s, ir.Define):
                 self.partials += 1
                 names[s.name] = f"{s.name.split('_part')[0]}_part{self.partials}"
@@ -129,7 +129,7 @@ def _target(loop):
     """The accumulator a reduction loop adds into (None unless it is a reduction loop)."""
     if loop.kind != ir.REDUCE:
         return None
-    names = {s.name for s in _walk([loop]) if isinstance(s, ir.Accumulate)}
+    names = {s.name for s in ir.statements([loop]) if isinstance(s, ir.Accumulate)}
     return names.pop() if len(names) == 1 else None
 
 
@@ -145,7 +145,7 @@ def _chain(loop):
 
 def _only_accumulates(body, name):
     """Whether a reduction's body only adds into accumulator `name` and never reads it."""
-    for s in _walk(body):
+    for s in ir.statements(body):
         if isinstance(s, (ir.Define, ir.Store, ir.Assign, ir.ScatterAccumulate)):
             return False
         if isinstance(s, ir.Accumulate) and (s.name != name or s.op != "add" or any(
@@ -156,19 +156,12 @@ def _only_accumulates(body, name):
 
 def _multiply_adds(body):
     """Whether every term a reduction's body adds is a product (a contraction)."""
-    for s in _walk(body):
+    for s in ir.statements(body):
         if isinstance(s, ir.Accumulate):
             value = s.value.value if isinstance(s.value, ir.Guard) else s.value
             if not isinstance(value, ir.Apply) or value.op != "mul":
                 return False
     return True
-
-
-def _walk(statements):
-    for s in statements:
-        yield s
-        if isinstance(s, ir.Loop):
-            yield from _walk(s.body)
 
 
 def _nest(loops, body):

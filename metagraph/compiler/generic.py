@@ -68,11 +68,11 @@ def generic_form(kernel, kind, shape):
     if not shape or shape[0] < 1:
         return None
     extent = shape[0]
-    loops = [s for s in _statements(kernel.body) if isinstance(s, ir.Loop) and s.var == 0]
+    loops = [s for s in ir.statements(kernel.body) if isinstance(s, ir.Loop) and s.var == 0]
     if len(loops) != 1 or loops[0].kind == ir.REDUCE:
         return None
     groups, rows, indexed = loops[0].extent, None, set()
-    for s in _statements(kernel.body):
+    for s in ir.statements(kernel.body):
         if isinstance(s, ir.Loop):
             continue
         if _reads_along(s):
@@ -117,7 +117,7 @@ def _group_rows(term, extent):
 
 def runtime_loop(loop):
     """The loop of a run-time extent in a loop nest (itself or inside it), or None."""
-    return next((s for s in _statements([loop])
+    return next((s for s in ir.statements([loop])
                  if isinstance(s, ir.Loop) and isinstance(s.extent, RuntimeExtent)), None)
 
 
@@ -153,13 +153,6 @@ def _grouped(expr, rows, first):
     for term in sorted(scaled, key=repr):
         result = result + term * scaled[term]
     return result
-
-
-def _statements(body):
-    for s in body:
-        yield s
-        if isinstance(s, ir.Loop):
-            yield from _statements(s.body)
 
 
 def _stride(shape):

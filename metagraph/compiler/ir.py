@@ -69,6 +69,14 @@ class Ref:
     index: Optional[object] = None
 
 
+def statements(body):
+    """Every statement of `body` in order, loops and the statements inside them."""
+    for s in body:
+        yield s
+        if isinstance(s, Loop):
+            yield from statements(s.body)
+
+
 def values(value):
     """Every value in a value tree, each object once (shared subtrees are visited once)."""
     seen, stack, out = set(), [value], []

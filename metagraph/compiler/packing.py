@@ -90,7 +90,7 @@ def _copy(assign, loops, extents):
 
 
 def _names(body):
-    return {s.name for s in blocks.ir_statements(body) if isinstance(s, ir.Define)}
+    return {s.name for s in ir.statements(body) if isinstance(s, ir.Define)}
 
 
 def _inserted(body, at, statements):

@@ -57,7 +57,7 @@ def _moves(heuristic):
                         if rows < extents[var] and nest.define.size * rows <= LOCAL_MAX)
         yield from _round_ups(heuristic, nest)
         yield from _flattened_planes(nest, chain, extents)
-    if not any(isinstance(d, ir.Define) and d.name == packing.PACK for d in blocks.ir_statements(s.body)):
+    if not any(isinstance(d, ir.Define) and d.name == packing.PACK for d in ir.statements(s.body)):
         yield from _packs(nest, chain, extents)
     loops = [loop.var for loop in nest.reductions]
     value = nest.accumulations[0].value
