@@ -152,11 +152,14 @@ class Pipeline:
             entry.replay_plan = None          # made again from the tuned steps
         return buffers
 
+    def lowered(self, graph):
+        """The steps lowering gives `graph` for this pipeline (nothing compiled or stored)."""
+        return schedule(graph, self.target, bool(flags.LIBRARY), tuned=self.tuner.get if flags.TUNE else None,
+                        runtime_extents=self.generator.runtime_extents)
+
     def _scheduled(self, graph, began):
         """A new Schedule for `graph`: lowered, its kernels loaded (compiled where new), stored."""
-        steps = schedule(graph, self.target, bool(flags.LIBRARY),
-                         tuned=self.tuner.get if flags.TUNE else None,
-                         runtime_extents=self.generator.runtime_extents)
+        steps = self.lowered(graph)
         report = profiler.current()
         if report is not None:
             report.record("schedule", "schedule", began, time.perf_counter() - began,

@@ -116,7 +116,9 @@ def _steps(graph):
     cached = getattr(instance, "schedules", {}).get((graph.key, flags.LIBRARY))
     if cached is not None:
         return cached.steps
-    return schedule(graph, getattr(instance, "target", Target()), bool(flags.LIBRARY))
+    if hasattr(instance, "lowered"):
+        return instance.lowered(graph)
+    return schedule(graph, Target(), bool(flags.LIBRARY))
 
 
 def _kind(graph, step, members):
