@@ -15,8 +15,8 @@ Workloads:
               built by bench_kernels.py and bench_zoo.py)
     W10-W12   transformer block, GPT training step, LSTM (bench_transformer.py, bench_sequence.py)
     K1a-K4    single kernels: matmul at five shapes (K1d: as a fraction of the machine's roof, the
-              best sgemm of PyTorch and numpy in the same run), 3x3 conv forward and forward+backward,
-              1x1 and depthwise conv, LayerNorm (bench_kernels.py)
+              best sgemm of PyTorch and numpy in the same run), 3x3 conv forward and forward+backward
+              (K2s: stride 2), 1x1 and depthwise conv, LayerNorm (bench_kernels.py)
     Z1, Z2    ResNet-50 inference at batch 4; batch-1 inference of every zoo network with a PyTorch
               twin, and their geometric mean (bench_zoo.py)
     S         S1-S4: ResNet-18 training's first step in a fresh process (warm and empty cache),
