@@ -37,7 +37,7 @@ RECIPE_CACHE_SIZE = 4096
 # window's input gradient over 2x2 planes: 1.3 ms phased, 0.05 scattered). Longer rows are phased.
 GATHER_WASTE_MAX = 3
 _RECIPES = {}           # the nodes' signatures and the map -> _Recipe, or None where it does not apply
-_MADE = weakref.WeakKeyDictionary()     # a window gradient's reduce node -> (g, index_map) it sums
+_MADE = weakref.WeakKeyDictionary()     # a window gradient (its sum, or its read-back) -> (g, index_map)
 
 
 def window_gradient(g, shape, index_map, apply):

@@ -31,7 +31,7 @@ def _gradients(x_data, w_data, conv):
 
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(batch=st.integers(1, 2), groups=st.sampled_from([1, 2]), per_group=st.integers(1, 3),
-       filters=st.integers(1, 2), size=st.tuples(st.integers(1, 7), st.integers(1, 7)),
+       filters=st.integers(1, 2), size=st.tuples(st.integers(1, 13), st.integers(1, 13)),
        kernel=st.tuples(st.integers(1, 4), st.integers(1, 4)),
        stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
        padding=st.tuples(st.integers(0, 2), st.integers(0, 2)),
