@@ -282,11 +282,11 @@ def jam(body, var, rows, extents):
     docstring): var counts groups of rows, ceil(E / rows) of them over the loop's extent E; the
     store loops gain the row loop outermost. A group's first row is clamped to E - rows, in every
     read and store: where `rows` does not divide E the last group overlaps the one before it,
-    computing rows it computed from the same values and storing the same results over them (a
-    block is never computed in place: lower.py donates no input to a kernel that defines one);
-    where it divides, the clamp never binds. One clamp a group keeps a row's address a constant
-    offset from the group's (a clamp per row held a pointer per row: 15% slower over 102 rows),
-    and the same kernel serves extents that divide and that do not (generic.py)."""
+    computing rows it computed from the same values and storing the same bits over them (on
+    another thread, perhaps; a block is never computed in place: lower.py donates no input to a
+    kernel that defines one); where it divides, the clamp never binds. One clamp a group keeps
+    each row's address a constant offset from the group's first, and the same kernel serves
+    extents that divide and that do not (generic.py)."""
     nest = Nest(body)
     loop = nest.outer(var)
     if not nest.block or rows < 2 or rows > loop.extent:
