@@ -192,7 +192,7 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
     inside, _, _, _ = _pool_window("max_pool2d", m.const(True, x.shape, dtypes.bool_), kernel_size,
                                    stride, padding, dilation, ceil_mode, False)
     taps = reshape(window, flat)
-    position = apply("index", shape=flat, axis=4, dtype=dtypes.int64)
+    position = apply("index", shape=flat, axis=4, dtype=dtypes.int32)     # (16 lanes, not 8)
     best = m.logical_or(m.eq(taps, m.expand(reshape(out, flat[:4] + (1,)), flat)), m.ne(taps, taps))
     tap = amin(m.where(m.logical_and(reshape(inside, flat), best), position, flat[4]), dim=4)
     if takes_grad:      # the value read back at that tap, so that the gradient goes there only
@@ -201,6 +201,7 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
     if not return_indices:
         return _unbatch(out, unbatched)
     dilation = pair("max_pool2d", dilation, "dilation")
+    tap = m.cast(tap, dtypes.int64)
     rows = apply("index", shape=out.shape, axis=2, dtype=dtypes.int64) * stride[0] + \
         apply("idiv", tap, m.const(kernel[1], tap.shape, dtypes.int64)) * dilation[0] - padding[0]
     cols = apply("index", shape=out.shape, axis=3, dtype=dtypes.int64) * stride[1] + \
