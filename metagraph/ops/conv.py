@@ -186,13 +186,13 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
     takes_grad = GradMode.enabled and x.requires_grad
     if not return_indices and not takes_grad:
         return _unbatch(out, unbatched)
-    from metagraph.ops.reduce import amin
+    from metagraph.ops.reduce import amin, positions
     n, c, ho, wo = out.shape
     flat = (n, c, ho, wo, kernel[0] * kernel[1])
     inside, _, _, _ = _pool_window("max_pool2d", m.const(True, x.shape, dtypes.bool_), kernel_size,
                                    stride, padding, dilation, ceil_mode, False)
     taps = reshape(window, flat)
-    position = apply("index", shape=flat, axis=4, dtype=dtypes.int32)     # (16 lanes, not 8)
+    position = positions(flat, 4)
     best = m.logical_or(m.eq(taps, m.expand(reshape(out, flat[:4] + (1,)), flat)), m.ne(taps, taps))
     tap = amin(m.where(m.logical_and(reshape(inside, flat), best), position, flat[4]), dim=4)
     if takes_grad:      # the value read back at that tap, so that the gradient goes there only
