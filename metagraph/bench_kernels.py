@@ -63,8 +63,9 @@ def conv(batch, channels, out, size, kernel, groups=1, backward=False, stride=1)
 
 
 def _conv_backward(torch, x, w, options):
-    """(metagraph fn, torch fn or None): a forward and backward pass each, returning the input's and
-    the weight's gradients as numpy arrays."""
+    """(metagraph fn, torch fn or None): a forward and backward pass each, returning the output and
+    the input's and the weight's gradients as numpy arrays (the output too: nothing else reads it,
+    and a lazy graph would otherwise skip the forward pass)."""
     mx, mw = mg.tensor(x, requires_grad=True), mg.tensor(w, requires_grad=True)
     with mg.no_grad():
         shape = F.conv2d(mx, mw, **options).shape
@@ -73,9 +74,10 @@ def _conv_backward(torch, x, w, options):
 
     def ours():
         mx.grad, mw.grad = None, None
-        F.conv2d(mx, mw, **options).backward(mgrad)
-        mg.sync(mx.grad, mw.grad)
-        return mx.grad.numpy(), mw.grad.numpy()
+        out = F.conv2d(mx, mw, **options)
+        out.backward(mgrad)
+        mg.sync(out, mx.grad, mw.grad)
+        return out.numpy(), mx.grad.numpy(), mw.grad.numpy()
     if not torch:
         return ours, None
     tx, tw = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
@@ -83,8 +85,9 @@ def _conv_backward(torch, x, w, options):
 
     def theirs():
         tx.grad, tw.grad = None, None
-        torch.nn.functional.conv2d(tx, tw, **options).backward(tgrad)
-        return tx.grad.numpy(), tw.grad.numpy()
+        out = torch.nn.functional.conv2d(tx, tw, **options)
+        out.backward(tgrad)
+        return out.detach().numpy(), tx.grad.numpy(), tw.grad.numpy()
     return ours, theirs
 
 

@@ -44,7 +44,8 @@ def test_both_sides_of_a_kernel_row_compute_the_same(make):
 
 
 def _arrays(value):
-    """A call's results as a list: a backward row returns the input's and the weight's gradients."""
+    """A call's results as a list: a backward row returns the output and the input's and the weight's
+    gradients."""
     return list(value) if isinstance(value, tuple) else [value]
 
 
