@@ -49,13 +49,6 @@ class RuntimeConst(Const):
     to change the expression); code generators render it as they render a Const."""
 
 
-def generic(kernel, kind, shape):
-    """(kernel, its outer extent): `kernel` (of output `shape`, named with `kind`) in its generic
-    form, or as it is and None where it has none."""
-    form = generic_form(kernel, kind, shape)
-    return (kernel, None) if form is None else (form, shape[0])
-
-
 def generic_form(kernel, kind, shape):
     """The kernel with its output's first extent E taken at run time, or None where the structure
     does not allow it: one loop over variable 0 (the output's first dimension, whole or in groups
@@ -64,7 +57,8 @@ def generic_form(kernel, kind, shape):
     min(v * r, E - r) times it (a group's first row clamped, blocks.jam); no condition, guard,
     local array index or index tensor read, in the whole kernel. The loop then runs over E / r
     groups, rounded up, each group's first row clamped to E - r, both of E given at run time (also
-    where r divides E: one form for both)."""
+    where r divides E: one form for both). It is named by `kind`, its shape with N first and a
+    digest of its form (`kernel`'s own name is not read: lowering names only what has no form)."""
     if not shape or shape[0] < 1:
         return None
     extent = shape[0]

@@ -17,7 +17,7 @@ from metagraph import dtypes
 from metagraph.compiler import (blocks, cascade, contraction, decompose, flat_rows, gather, hoist, ir, lanes,
                                 peel, rewrites, rows, search)
 from metagraph.compiler.fusion import allow_depth, materialised
-from metagraph.compiler.generic import generic
+from metagraph.compiler.generic import generic_form
 from metagraph.compiler.heuristic import ACC_REGISTERS, TILE_FILL, Heuristic
 from metagraph.compiler.schedule import Scheduling, applied
 from metagraph.compiler.simplify import simplify, substitute
@@ -491,11 +491,13 @@ class _Lowering:
             shared = {self.root, *in_place}
             params = [replace(param, shared=True) if k in shared else param for k, param in self.params]
         body = hoist.hoisted(body, params)
-        shape = "x".join(map(str, node.shape)) or "scalar"
-        digest = hashlib.sha1(ir.describe((body, params)).encode()).hexdigest()[:8]
-        kernel, outer = ir.Kernel(f"{kind}_{shape}_{digest}", params, body, dict(self.extents)), None
-        if self.runtime_extents and kind in ("e", "r"):
-            kernel, outer = generic(kernel, kind, node.shape)
+        kernel, outer = ir.Kernel(None, params, body, dict(self.extents)), None
+        form = generic_form(kernel, kind, node.shape) if self.runtime_extents and kind in ("e", "r") else None
+        if form is not None:        # (named by its form: described once, not also as it is)
+            kernel, outer = form, node.shape[0]
+        else:
+            shape = "x".join(map(str, node.shape)) or "scalar"
+            kernel.name = f"{kind}_{shape}_{hashlib.sha1(ir.describe((body, params)).encode()).hexdigest()[:8]}"
         return Step(kernel, positions, self.sites, in_place=in_place, outer=outer,
                     reduction_schedule=tuple(self.steps or ()), neighbours=tuple(self.neighbours))
 
