@@ -14,15 +14,21 @@ import subprocess
 import sys
 import tempfile
 
-PROGRAM = """
+PRELUDE = """
 import json, sys, time
 import numpy as np
 framework, threads = sys.argv[1], int(sys.argv[2])
 
-def peak_mib():
-    # VmHWM: this address space's peak (ru_maxrss starts at the parent's size after a fork)
+def status_mib(field):
+    # from /proc: VmHWM is this address space's peak (ru_maxrss starts at the parent's size after
+    # a fork), VmRSS what it holds now
     with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM")) / 1024
+        return next(int(line.split()[1]) for line in status if line.startswith(field)) / 1024
+"""
+
+PROGRAM = PRELUDE + """
+def peak_mib():
+    return status_mib("VmHWM")
 
 if framework == "metagraph":
     import metagraph as mg
@@ -67,14 +73,9 @@ print(json.dumps({"first": first, "second": second, "peak": peak_mib() - base,
                   "python": median(steps) - median(kernels) if kernels else None}))
 """
 
-SIZES = """
-import json, sys
-import numpy as np
-framework, threads = sys.argv[1], int(sys.argv[2])
-
+SIZES = PRELUDE + """
 def rss_mib():
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+    return status_mib("VmRSS")
 
 if framework == "metagraph":
     import metagraph as mg

@@ -20,6 +20,19 @@ def needs(backend):
         pytest.skip(reason)
 
 
+def trained(model, optimizer, batches):
+    """(losses, parameters as arrays afterwards) of one cross-entropy step of `optimizer` per (x, y)
+    of `batches`."""
+    losses = []
+    for x, y in batches:
+        loss = mg.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, [p.numpy().copy() for p in model.parameters()]
+
+
 def as_tensors(arrays, requires_grad=False):
     return [mg.tensor(a, requires_grad=requires_grad and a.dtype.kind == "f")
             if isinstance(a, np.ndarray) else a for a in arrays]

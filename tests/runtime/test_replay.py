@@ -13,10 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import metagraph as mg
-import metagraph.nn.functional as F
 from metagraph import nn
 from metagraph.runtime import buffer_plan, executor, replay
-from tests.helpers import needs
+from tests.helpers import needs, trained
 
 
 @pytest.fixture
@@ -44,16 +43,8 @@ def _train(steps, seed=0, optimizer_class=mg.optim.SGD, **options):
     model = _model()
     optimizer = optimizer_class(model.parameters(), **(options or dict(lr=0.1, momentum=0.9)))
     rng = np.random.default_rng(seed)
-    losses = []
-    for _ in range(steps):
-        x = mg.tensor(rng.standard_normal((6, 3, 5, 5)).astype(np.float32))
-        y = mg.tensor(rng.integers(0, 3, 6))
-        loss = F.cross_entropy(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses, [p.numpy().copy() for p in model.parameters()]
+    return trained(model, optimizer, ((mg.tensor(rng.standard_normal((6, 3, 5, 5)).astype(np.float32)),
+                                       mg.tensor(rng.integers(0, 3, 6))) for _ in range(steps)))
 
 
 @pytest.mark.parametrize("name", ["c", "llvm", "bang"])

@@ -17,7 +17,7 @@ from metagraph.compiler.generic import RuntimeExtent, generic_form
 from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import Target, schedule
 from metagraph.pipeline import stored
-from tests.helpers import needs
+from tests.helpers import needs, trained
 
 
 @pytest.fixture
@@ -104,16 +104,9 @@ def test_training_with_a_last_smaller_batch_matches_the_oracle(c_backend):
         model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
                               nn.Linear(8 * 8 * 8, 4))
         optimizer = mg.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        losses = []
-        for step, n in enumerate((8, 8, 5, 8, 5, 7, 8)):
-            x = _batch(n, seed=step)
-            y = mg.tensor(np.random.default_rng(step).integers(0, 4, n))
-            loss = F.cross_entropy(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-        return losses, [p.numpy().copy() for p in model.parameters()]
+        batches = ((_batch(n, seed=step), mg.tensor(np.random.default_rng(step).integers(0, 4, n)))
+                   for step, n in enumerate((8, 8, 5, 8, 5, 7, 8)))
+        return trained(model, optimizer, batches)
     got, want = train("c"), train("numpy")
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
     for a, b in zip(got[1], want[1]):
