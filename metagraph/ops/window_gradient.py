@@ -14,15 +14,16 @@ input gradient over (8, 64, 56, 56): 34 ms as a guarded gather, 17 as this, one 
 of a zero border with an infinite weight give NaN there, as PyTorch's convolution backward does.
 
 A strided window, whose row is `s * i + u + c`, is first split into the stride's phases (`_phased`):
-the input row T = s * T' + p, the tap u = s * w + p - c % s, so that T' = i + w + c // s reads i
-at unit stride in every phase and the gather above applies, over (..., phases, T', ...), read back
-at the input's positions by a view (a 3x3 stride-2 conv's input gradient over (32, 64, 32, 32):
-324 ms as a scatter, 14 as this, one thread). Taps past the window (w and p give s * ceil(k / s)
-per dimension, of which k are real) read the weights through a zero border, so an infinite output
-gradient gives NaN there too. Anything else (a dilated strided window, whose tap is read at 2 * u;
-a map that is not a sum of loop variables; a factor that is not a plain view) keeps the scatter,
-which lowering turns into a gather of its own (compiler/gather.py).
+the input row T = s * T' + p, and phase p sums only the taps u = s * w + p - c % s (mod s) that
+reach it, so that T' = i + w + c // s reads i at unit stride and the gather above applies; one sum
+per phase, each placed at its phase and read back at the input's positions by a view (a 3x3
+stride-2 conv's input gradient over (32, 64, 32, 32): 324 ms as a scatter, 14 as one sum over
+every phase with the taps past the window read as zeros, 16 products for 9; ResNet-18's three at
+224^2, 45.7 ms that way and 19.5 as a sum per phase). Anything else (a dilated strided window,
+whose tap is read at 2 * u; a map that is not a sum of loop variables; a factor that is not a plain
+view) keeps the scatter, which lowering turns into a gather of its own (compiler/gather.py).
 """
+import itertools
 import weakref
 from collections import Counter
 
@@ -33,8 +34,9 @@ RECIPE_CACHE_SIZE = 4096
 # A strided window's short rows are left to the scatter, or the gather lowering makes of it (which
 # runs every output row for the ~k / s taps that add, at most this many times as many;
 # compiler/gather.py): on ResNet-18's 8x8, 4x4 and 2x2 planes they ran 4.1 ms a step where phases
-# ran 5.2, phased rows too short to vectorise and taps past the window a larger share (a 1x1
-# window's input gradient over 2x2 planes: 1.3 ms phased, 0.05 scattered). Longer rows are phased.
+# ran 5.2, phased rows too short to vectorise (a 1x1 window's input gradient over 2x2 planes: 1.3
+# ms phased, 0.05 scattered; with a sum per phase, ResNet-18's 32^2 step is no faster with every
+# row phased). Longer rows are phased.
 GATHER_WASTE_MAX = 3
 _RECIPES = {}           # the nodes' signatures and the map -> _Recipe, or None where it does not apply
 _MADE = weakref.WeakKeyDictionary()     # a window gradient (its sum, or its read-back) -> (g, index_map)
@@ -63,25 +65,33 @@ def window_gradient(g, shape, index_map, apply):
 
 
 class _Recipe:
-    """The nodes a window gradient builds, as apply built them the first time: per factor, the
-    zero-bordered view (or None) and the view over the gather's loop; then the product, the sum,
-    and the steps that read a phased sum back at the target's positions (none if not phased)."""
+    """The nodes a window gradient builds, as apply built them the first time: each step (op,
+    attrs, shape, dtype) with its inputs, by number (the factors' sources first, then the steps'
+    nodes in build order); the last step's node is the gradient."""
 
     def __init__(self, made):
-        self.made = made        # [(op, attrs, shape, dtype) or None per step], in build order
+        self.made = made        # [((op, attrs, shape, dtype), input numbers)], in build order
 
     def build(self, sources):
-        """The sum for these factor sources (the nodes the factors viewed)."""
-        views = []
-        for source, steps in zip(sources, self.made[:2]):
-            for step in steps:
-                if step is not None:
-                    source = _node(step, (source,))
-            views.append(source)
-        summed = _node(self.made[3], (_node(self.made[2], tuple(views)),))
-        for step in self.made[4]:
-            summed = _node(step, (summed,))
-        return summed
+        """The gradient for these factor sources (the nodes the factors viewed)."""
+        values = list(sources)
+        for step, inputs in self.made:
+            values.append(_node(step, tuple(values[k] for k in inputs)))
+        return values[-1]
+
+
+class _Recorder:
+    """`apply` that also records each node it builds as a step of a _Recipe."""
+
+    def __init__(self, apply, sources):
+        self.apply, self.made = apply, []
+        self.number = {id(source): k for k, source in enumerate(sources)}
+
+    def __call__(self, name, *inputs, **attrs):
+        node = self.apply(name, *inputs, **attrs)
+        self.made.append((_step(node), tuple(self.number[id(value)] for value in inputs)))
+        self.number[id(node)] = len(self.number)
+        return node
 
 
 def _node(step, inputs):
@@ -97,25 +107,28 @@ def _recipe(g, shape, index_map, apply):
     if any(part is None for part in scatter):
         return None
     factors = [(f.inputs[0], [_linear(expr) for expr in f.attrs["index_map"]]) for f in g.inputs]
-    target, back = tuple(shape), None
+    record = _Recorder(apply, [source for source, _ in factors])
     phased = _phased(loop, scatter, factors, shape)
-    if phased is not None:
-        loop, scatter, factors, target, back = phased
-    found = _gathered(loop, scatter, factors, target, apply)
-    if found is None:
-        return None
-    made, summed = found
-    if back is None:
-        return _Recipe(made + [()])
+    if phased is None:
+        summed = _gathered(loop, scatter, factors, tuple(shape), record)
+        return None if summed is None else _Recipe(record.made)
+    phases, target, back = phased
+    placed = None
+    for part_loop, part_scatter, part_factors, part_target, placement in phases:
+        summed = _gathered(part_loop, part_scatter, part_factors, part_target, record)
+        if summed is None:
+            return None
+        view = _view(record, summed, target, placement)
+        placed = view if placed is None else record("add", placed, view)
     # read back in a kernel of its own: inlined, the view's fill and divisions made its readers
     # (batch norm's backward sums) guarded and scalar, 10 ms of ResNet-18's 32^2 training step
-    view = _view(apply, summed, shape, back)
-    return _Recipe(made + [(_step(view), _step(apply("contiguous", view)))])
+    record("contiguous", _view(record, placed, shape, back))
+    return _Recipe(record.made)
 
 
 def _gathered(loop, scatter, factors, shape, apply):
-    """(the steps made, the sum) of the scatter of a product of views (`factors`: (source, linear
-    parts of its map) each) over `loop` into `shape` at `scatter` (linear parts), as a gather; or
+    """The sum that gathers the scatter of a product of views (`factors`: (source, linear parts of
+    its map) each) over `loop` into `shape` at `scatter` (linear parts), built by `apply`; or
     None."""
     solved = _solved(scatter, loop, shape)
     if solved is None:
@@ -136,26 +149,23 @@ def _gathered(loop, scatter, factors, shape, apply):
     leaving = [v for v in solved if not 0 <= _range(old[v], new_loop)[0] <= _range(old[v], new_loop)[1] < loop[v]]
     if not all(any(_reads_plainly(source, parts, v, loop[v]) for source, parts in factors) for v in leaving):
         return None
-    made, views = [], []
-    for source, parts in factors:
-        border, window = _bordered_view(apply, source, new_loop, [_composed(part, old) for part in parts])
-        made.append(tuple(None if node is None else _step(node) for node in (border, window)))
-        views.append(window)
+    views = [_bordered_view(apply, source, new_loop, [_composed(part, old) for part in parts])
+             for source, parts in factors]
     product = apply("mul", *views)
-    summed = apply("reduce", product, op="add", axes=tuple(range(len(shape), len(new_loop))), keepdim=False)
-    return made + [_step(product), _step(summed)], summed
+    return apply("reduce", product, op="add", axes=tuple(range(len(shape), len(new_loop))), keepdim=False)
 
 
 def _phased(loop, scatter, factors, shape):
     """The scatter with each target dimension that a loop variable reads at a stride s > 1 (a
-    strided window's row, s * i + u + c) split into phases: T = s * T' + p. The window's tap u
-    becomes s * w + p - c % s over new loop variables w and p, so that T' = i + w + c // s reads i
-    at unit stride and the phase p is a loop variable of its own (taps past the window read its
-    operand through a zero border); a row with no tap (a strided 1x1 window) has the one phase
-    c % s, the others zero. The target is (..., phases, ..., T', ...), the phases before the first
-    split dimension so that the rows stay innermost. (loop, scatter, factors, target shape, the
-    map that reads the target back from it), or None where no dimension is strided, a strided one
-    is not of that form, or every strided row is short (GATHER_WASTE_MAX)."""
+    strided window's row, s * i + u + c) split into phases: T = s * T' + p. In phase p the window's
+    taps are those with u = s * w + b_p, b_p = p - c % s modulo s, so that T' = i + w + const reads
+    i at unit stride and every tap is one of the window's: one sum per phase (per combination of
+    phases of the split dimensions), each summing exactly its taps, placed at its phase in a target
+    (..., phases, ..., T', ...) and read back at the input's positions. A row with no tap (a strided
+    1x1 window) has the one phase c % s, the others zero. (the phases as (loop, scatter, factors,
+    target shape, the map placing the phase's sum in the target) each, the target's shape, the map
+    that reads the target back), or None where no dimension is strided, a strided one is not of
+    that form, or every strided row is short (GATHER_WASTE_MAX)."""
     occurs = Counter(v for terms, _ in scatter for v in terms)
     split = {}                                     # target dimension -> (stride, row, tap or None)
     for t, (terms, const) in enumerate(scatter):
@@ -173,35 +183,48 @@ def _phased(loop, scatter, factors, shape):
     if all(loop[row] <= GATHER_WASTE_MAX * max(1.0, (1 if tap is None else loop[tap]) / stride)
            for stride, row, tap in split.values()):
         return None
-    first, loop, old = min(split), list(loop), {}
+    first = min(split)
+    phase_at = {t: first + k for k, t in enumerate(split)}
     target = list(shape[:first]) + [stride if tap is not None else 1 for stride, _, tap in split.values()]
-    new_scatter = scatter[:first] + [None] * len(split)
     back = [Var(t) for t in range(first)] + [None] * len(split)
     for t in range(first, len(shape)):
-        terms, const = scatter[t]
         if t not in split:
             target.append(shape[t])
-            new_scatter.append((terms, const))
             back.append(Var(t))
             continue
-        stride, row, tap = split[t]
-        phase_at = first + list(split).index(t)
-        shift = const % stride
+        stride, _, tap = split[t]
         target.append(-(-shape[t] // stride))
         back.append(Var(t) // stride)
-        if tap is None:
-            new_scatter.append(({row: 1}, const // stride))
-            new_scatter[phase_at], back[phase_at] = ({}, 0), Var(t) % stride - shift
-            continue
-        phase = len(loop)                          # tap = stride * w + phase - shift, w in tap's place
-        loop.append(stride)
-        loop[tap] = (loop[tap] - 1 + shift) // stride + 1
-        old[tap] = ({tap: stride, phase: 1}, -shift)
-        new_scatter.append(({row: 1, tap: 1}, const // stride))
-        new_scatter[phase_at], back[phase_at] = ({phase: 1}, 0), Var(t) % stride
-    kept = {v: ({v: 1}, 0) for v in range(len(loop)) if v not in old}
-    factors = [(source, [_composed(part, {**kept, **old}) for part in parts]) for source, parts in factors]
-    return tuple(loop), new_scatter, factors, tuple(target), back
+        back[phase_at[t]] = Var(t) % stride - (scatter[t][1] % stride if tap is None else 0)
+    part_target = tuple(target[:first] + target[first + len(split):])
+    tapped = [t for t, (_, _, tap) in split.items() if tap is not None]
+    phases = []
+    for chosen in itertools.product(*[range(split[t][0]) for t in tapped]):
+        part_loop, old, part_scatter = list(loop), {}, list(scatter)
+        placement = [Var(d) for d in range(first)]
+        for t in range(first, len(shape)):
+            at = len(split) + t                   # T' (or the dimension) in the target
+            placement.append(Var(at))
+            if t not in split:
+                continue
+            stride, row, tap = split[t]
+            terms, const = scatter[t]
+            if tap is None:
+                part_scatter[t] = ({row: 1}, const // stride)
+                continue
+            p = chosen[tapped.index(t)]
+            low = -((p - const % stride) // stride)           # the phase's first w: 0 or 1
+            base = stride * low + p - const % stride            # its tap, u = stride * w + base
+            part_loop[tap] = max(0, (loop[tap] - 1 - base) // stride + 1)
+            old[tap] = ({tap: stride}, base)
+            part_scatter[t] = ({row: 1, tap: 1}, low + const // stride)
+            placement[-1] = Var(at) + (Var(phase_at[t]) - p) * target[at]    # outside it in other phases
+        if 0 in part_loop:
+            continue                              # a phase no tap reaches adds nothing
+        old.update((v, ({v: 1}, 0)) for v in range(len(loop)) if v not in old)
+        part_factors = [(source, [_composed(part, old) for part in parts]) for source, parts in factors]
+        phases.append((tuple(part_loop), part_scatter, part_factors, part_target, placement))
+    return phases, tuple(target), back
 
 
 def _step(node):
@@ -274,18 +297,17 @@ def _reads_plainly(source, parts, v, extent):
 
 
 def _bordered_view(apply, source, loop, parts):
-    """(the zero-bordered view of `source`, just wide enough, or None where every read is inside
-    it, and the view over `loop` reading each dimension at its linear part)."""
+    """The view over `loop` reading each dimension of `source` at its linear part, through a
+    zero-bordered view of it just wide enough where some read falls outside it."""
     ranges = [_range(part, loop) for part in parts]
     low = [min(lo, 0) for lo, _ in ranges]
     high = [max(hi, size - 1) for (_, hi), size in zip(ranges, source.shape)]
-    border = None
     if any(low) or any(h >= size for h, size in zip(high, source.shape)):
         bordered = tuple(h - lo + 1 for lo, h in zip(low, high))
-        source = border = _view(apply, source, bordered,
+        source = _view(apply, source, bordered,
                                 [Var(d) + lo if lo else Var(d) for d, lo in enumerate(low)])
         parts = [(terms, const - lo) for (terms, const), lo in zip(parts, low)]
-    return border, _view(apply, source, loop, [_expression(part) for part in parts])
+    return _view(apply, source, loop, [_expression(part) for part in parts])
 
 
 def _view(apply, source, shape, index_map):
