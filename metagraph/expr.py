@@ -176,6 +176,9 @@ def reshape_map(source, target):
             if size_source == size_target and (i >= len(source) or source[i] != 1) and \
                     (j >= len(target) or target[j] != 1):
                 break
+        if len(group_source) == 1 and len(group_target) == 1 and source[group_source[0]] == target[group_target[0]]:
+            index_map[group_source[0]] = Var(group_target[0])      # an unchanged dimension, 1 too (a
+            continue                                                # batch of one stays the batch)
         flat, stride = Const(0), 1
         for k in reversed(group_target):
             if target[k] != 1:
