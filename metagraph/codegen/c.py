@@ -10,7 +10,7 @@ file's structure (helpers, vector math declarations, signatures).
 from metagraph import dtypes, flags
 from metagraph.codegen.clike import CTYPE, OPS, Renderer, bits_literal
 from metagraph.codegen.compiled import PARALLEL_WORK, CompiledBackend, template, work, worth_threads
-from metagraph.compiler.generic import RuntimeExtent, runtime_loop
+from metagraph.compiler.generic import OUTER, RuntimeExtent, runtime_loop
 from metagraph.codegen.toolchain import SharedObjects, compile_shared, probe_vector_math, toolchain_identity
 from metagraph.codegen.walker import op_form
 from metagraph.compiler import ir
@@ -61,6 +61,18 @@ class CRenderer(Renderer):
             self.narrowed_from[narrow] = wide
         return narrow
 
+    def loop(self, s, names):
+        """A loop's view; a parallel loop over a run-time extent shares its threads with the loop
+        right inside it (`collapse(2)`), where that loop is all its body: a kernel scheduled for
+        NOMINAL rows (compiler/generic.py) runs on every core at a batch of one too."""
+        view = super().loop(s, names)
+        inner = view["body"][0] if view["kind"] == "loop" and len(view["body"]) == 1 else None
+        if (view.get("pragma") or "").startswith("parallel") and isinstance(s.extent, RuntimeExtent) and \
+                inner is not None and inner["kind"] == "loop" and not (inner["before"] or inner["after"] or
+                                                                       inner["pragma"]):
+            view["pragma"] = view["pragma"].replace("schedule(static)", "collapse(2) schedule(static)")
+        return view
+
     def pragma(self, loop):
         """Threads for outer loops worth them, SIMD for vector loops and reductions, with a
         reduction clause for each scalar accumulator (and for a float max's NaN flag)."""
@@ -94,8 +106,12 @@ def render(kernels, vector_math=True):
         params = [{"ctype": HOST_CTYPE[p.dtype.name], "output": p.output, "shared": p.shared}
                   for p in kernel.params]
         outer = len(kernel.params) if isinstance(kernel.extents.get(0), RuntimeExtent) else None
-        views.append({"name": kernel.name, "params": params, "outer": outer,
-                      "body": [renderer.statement(s) for s in kernel.body]})
+        body = [renderer.statement(s) for s in kernel.body]
+        if kernel.fallback:         # (generic.with_fallback: a body for fewer rows than the groups')
+            least, *fallback = kernel.fallback
+            body = [{"kind": "if", "cond": f"{OUTER} >= {least}", "body": body},
+                    {"kind": "if", "cond": f"{OUTER} < {least}", "body": [renderer.statement(s) for s in fallback]}]
+        views.append({"name": kernel.name, "params": params, "outer": outer, "body": body})
     return _TEMPLATE.render(kernels=views, names=[k.name for k in kernels], vector_math=vector_math)
 
 

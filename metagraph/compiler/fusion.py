@@ -14,10 +14,12 @@ The rules, in the order they apply:
 - a computed value read through an expanding reindex (a broadcast or a window that reads each
   element several times: a 3x3 conv with K filters reads its input 9K times) is materialised
   unless cost x reads per element <= EXPAND_BUDGET, or it has fewer than SMALL elements (a kernel
-  launch costs more than recomputing a scalar or a small batch's row statistics);
+  launch costs more than recomputing a scalar or a small batch's row statistics; a batch counted
+  as at least NOMINAL rows where kernels take it at run time);
 - a padded view (a reindex that reads outside its source and fills there) read through an
   expanding reindex (one with more elements than its source, even fewer than twice as many: a
-  3x3/2 pooling window) is materialised when it has at least SMALL elements: a convolution then reads
+  3x3/2 pooling window) is materialised when it has at least SMALL elements (counted so too): a
+  convolution then reads
   a zero-bordered copy, and its vectorised loop has no bounds test per element (conv 3x3 on
   (8,64,56,56): 65-80 GFLOP/s with the test, 121-158 without);
 - the integer index tensors (extras) of a reindex or reindex_reduce are materialised;
@@ -28,6 +30,7 @@ casts from float16 and bfloat16, which loads widen).
 """
 import sys
 
+from metagraph.compiler.generic import NOMINAL
 from metagraph.compiler.simplify import value_range
 from metagraph.dtypes import LOW_PRECISION
 from metagraph.ops.table import ELEMENTWISE, TABLE
@@ -59,9 +62,11 @@ def _pos(graph, node):
     return graph.position[node.id]
 
 
-def materialised(graph):
+def materialised(graph, batched=frozenset()):
     """The positions of nodes that get their own buffer (an output that holds one already needs
-    no kernel: one would read its own, uninitialised, output)."""
+    no kernel: one would read its own, uninitialised, output). `batched`: where kernels take their
+    first extent at run time, the positions that carry the data's batch (generic.batched), whose
+    first extent a size counts as at least NOMINAL (`_elements`)."""
     consumers = _consumers(graph)
     chosen = {k for k in graph.outputs if graph.nodes[k].buffer is None}
     for k, node in enumerate(graph.nodes):
@@ -99,7 +104,8 @@ def materialised(graph):
             # average: a 3x3/2 max-pool over a 16x16 plane (1.9 reads) 5.4 -> 0.2 ms + 0.4 to copy
             ratio = node.numel / max(node.inputs[0].numel, 1)
             expensive = int(ratio) > 1 and cost[source] * int(ratio) > EXPAND_BUDGET
-            if node.inputs[0].numel >= SMALL and (expensive or (ratio > 1 and _padded(graph.nodes[source]))):
+            elements = _elements(node.inputs[0], _pos(graph, node.inputs[0]) in batched)
+            if elements >= SMALL and (expensive or (ratio > 1 and _padded(graph.nodes[source]))):
                 chosen.add(source)
                 cost[k] = 0
     return chosen - _computed_once(graph, chosen, shared)
@@ -132,6 +138,16 @@ def _computed_once(graph, chosen, shared):
             once.add(k)
         kernel[k] = single
     return once
+
+
+def _elements(node, batch):
+    """A node's elements, its first extent counted as at least NOMINAL where it carries the `batch`:
+    a kernel that takes its first extent at run time serves batches of every size, and what it
+    reads inlined must not change with the batch (a padded 1-channel 28x28 image was copied from 2
+    images on, inlined for one; a linear layer's 128 outputs were read inlined below 8 rows)."""
+    if batch and node.shape[0] < NOMINAL:
+        return node.numel // node.shape[0] * NOMINAL if node.shape[0] else 0
+    return node.numel
 
 
 def _padded(node):

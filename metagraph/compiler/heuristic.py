@@ -65,11 +65,14 @@ class Heuristic:
     output of `shape` with accumulators of `itemsize` bytes: `registers` vector registers a tile
     may fill, `tile_fill` the channel tile's threshold, `readable[param]` how many elements a load
     may touch (None: no load reads past what its loop needs), `chosen` a block to try first,
-    `l2_bytes` a core's second-level cache (what a channel tile's pack may fill: TILE_PACK_SHARE)."""
+    `l2_bytes` a core's second-level cache (what a channel tile's pack may fill: TILE_PACK_SHARE),
+    `whole_first`: the first output dimension is neither split, jammed nor blocked (a kernel that
+    takes its first extent at run time, for extents below its groups' rows: generic.py)."""
 
     def __init__(self, scheduling, shape, itemsize, registers=ACC_REGISTERS, tile_fill=TILE_FILL,
-                 readable=None, chosen=None, l2_bytes=1 << 20):
+                 readable=None, chosen=None, l2_bytes=1 << 20, whole_first=False):
         self.s, self.shape, self.ndim, self.itemsize = scheduling, tuple(shape), len(shape), itemsize
+        self.grouped = 1 if whole_first else 0      # the first output dimension that may be grouped
         self.registers, self.tile_fill, self.readable, self.chosen = registers, tile_fill, readable, chosen
         self.tile_pack_bytes = int(l2_bytes * TILE_PACK_SHARE)
 
@@ -124,7 +127,7 @@ class Heuristic:
         reduction = [var for var, _ in loops]
         size = lanes * math.prod(extent for _, extent in loops)
         read = operands(value)
-        for v in range(last):
+        for v in range(self.grouped, last):
             varying = [x for x in ir.values(value) if v in loop_variables(x)]
             if len(varying) != 1 or not isinstance(varying[0], ir.Load) or s.extents[v] % lanes \
                     or s.extents[v] < 2 * lanes or size * self.itemsize > self.tile_pack_bytes \
@@ -149,6 +152,8 @@ class Heuristic:
         panel. A linear layer 1024 -> 256 over 1024 tokens ran as one dot product per output."""
         value = self.value()
         last, lanes = self.ndim - 1, VECTOR_BYTES // self.itemsize
+        if last < self.grouped:
+            return False
         reduction = [var for var, _ in loops]
         strided = [load for load in ir.loads(value) if not contiguous(load, last)]
         if len(strided) != 1 or any(last in loop_variables(v) for v in ir.values(value)
@@ -181,8 +186,8 @@ class Heuristic:
         contiguously, no register block applies or no tile fits."""
         value = self.value()
         last, length = self.ndim - 1, self.shape[-1]
-        blocking = register_block(s.extents, value, list(range(last)), last, 1)
-        if blocking is None or length < 2 or not contiguous(value, last):
+        blocking = register_block(s.extents, value, list(range(self.grouped, last)), last, 1)
+        if last < self.grouped or blocking is None or length < 2 or not contiguous(value, last):
             return False
 
         def fits(t):
@@ -262,13 +267,13 @@ class Heuristic:
         up to ROW_MAX elements (a divisor of its length, at least 64; a row with no such divisor
         is not cut). False when the block's vectorised loop would not read contiguously."""
         outer = list(range(self.ndim))
-        if self.shape[-1] > ROW_MAX:
+        if self.shape[-1] > ROW_MAX and self.ndim > self.grouped:
             tile = next((t for t in range(ROW_MAX, 63, -1) if self.shape[-1] % t == 0), None)
             if tile is not None:
                 outer.append(blocks.fresh_variable(s.extents))
                 s.apply("split", self.ndim - 1, tile)
         block, size = [], 1
-        for d in reversed(outer):
+        for d in reversed(outer[self.grouped:]):
             # keep a parallel loop, unless the block has nothing but dimensions of one element (a
             # per-channel sum over 1x1 planes, (512, 1, 1): dot products read 512 floats apart)
             if size * s.extents[d] > ROW_MAX or (d == 0 and len(outer) > 1 and size > 1):
@@ -287,7 +292,8 @@ class Heuristic:
         operand does not vary along and every operand that does is constant along the vector
         loop (access.register_block)."""
         nest = blocks.Nest(self.s.body)
-        value, outer, size = nest.accumulations[0].value, [loop.var for loop in nest.chain], nest.define.size
+        value, size = nest.accumulations[0].value, nest.define.size
+        outer = [loop.var for loop in nest.chain if loop.var >= self.grouped]
         inner = vector_loop(nest.block, self.extents)
         vectors, used, chains = row_vectors(size, self.itemsize), set(), 1
         most = 8

@@ -260,6 +260,8 @@ class Kernel:
     params: list
     body: list
     extents: dict = field(default_factory=dict)    # loop variable -> extent (for simplification)
+    fallback: tuple = ()    # (least, statements...): run instead of `body` for a run-time first extent
+                            # below `least` (compiler/generic.py)
 
 
 def extra_offset(param, args):

@@ -17,7 +17,8 @@ from metagraph import dtypes
 from metagraph.compiler import (blocks, cascade, contraction, decompose, flat_rows, gather, hoist, ir, lanes,
                                 peel, rewrites, rows, search)
 from metagraph.compiler.fusion import allow_depth, materialised
-from metagraph.compiler.generic import generic_form
+from metagraph.compiler.generic import (FEW, NOMINAL, batched, generic_form, misread, nominal_applies, same_params,
+                                       with_fallback)
 from metagraph.compiler.heuristic import ACC_REGISTERS, TILE_FILL, Heuristic
 from metagraph.compiler.schedule import Scheduling, applied
 from metagraph.compiler.simplify import simplify, substitute
@@ -48,7 +49,8 @@ class Step:
 
     def __post_init__(self):
         self.name = self.library.name if self.library is not None else self.kernel.name
-        self.blocked = self.library is None and _defines_block(self.kernel.body)
+        self.blocked = self.library is None and (_defines_block(self.kernel.body) or
+                                                  _defines_block(self.kernel.fallback[1:]))
 
     @classmethod
     def restored(cls, name, blocked, **fields):
@@ -110,7 +112,8 @@ def schedule(graph, target=Target(), library=False, tuned=None, runtime_extents=
     timing chose for that kernel instead, or None; see tuning.py; `runtime_extents`: whether the
     code generator takes a kernel's outermost extent at run time, generic.py)."""
     allow_depth()
-    chosen, unfusable, kept = materialised(graph), set(), Kept(runtime_extents=runtime_extents)
+    kept = Kept(runtime_extents=runtime_extents, batched=batched(graph) if runtime_extents else frozenset())
+    chosen, unfusable = materialised(graph, kept.batched), set()
     while True:
         try:
             steps = _steps(graph, chosen, unfusable, target, library, kept)
@@ -136,7 +139,8 @@ def relower(graph, step, target, runtime_extents=False):
     """The kernel of `step` (a schedule's, for a graph of the same structure as `graph`) for
     another target (other register-tile parameters)."""
     root, epilogue_reduce, prologues, chosen = step.lowering
-    other = _Lowering(graph, chosen, root, list(epilogue_reduce), target, prologues, runtime_extents).kernel()
+    nominal = runtime_extents and root in batched(graph)
+    other = _lowered(graph, chosen, root, list(epilogue_reduce), target, prologues, runtime_extents, nominal)[1]
     other.lowering, other.tuned_from = step.lowering, step.tuned_from or step.name
     return other
 
@@ -151,6 +155,7 @@ class Kept:
     kernels: dict = field(default_factory=dict)
     walks: dict = field(default_factory=dict)     # root -> (inlined positions, positions read)
     runtime_extents: bool = False     # kernels take their outermost extent at run time
+    batched: frozenset = frozenset()  # the positions that carry the data's batch (generic.batched)
 
 
 def _steps(graph, chosen, unfusable, target, library, kept):
@@ -191,8 +196,8 @@ def _steps(graph, chosen, unfusable, target, library, kept):
         if key in kept.kernels and frozenset(kept.kernels[key][0] & frozen) == kept.kernels[key][1]:
             steps.append(kept.kernels[key][2])
             continue
-        lowering = _Lowering(graph, frozen, k, epilogue_reduce, target, prologues, kept.runtime_extents)
-        step = lowering.kernel()
+        lowering, step = _lowered(graph, frozen, k, epilogue_reduce, target, prologues, kept.runtime_extents,
+                                  k in kept.batched)
         step.lowering = (k, tuple(epilogue_reduce), prologues, frozen)
         kept.kernels[key] = (lowering.visited, frozenset(lowering.visited & frozen), step)
         steps.append(step)
@@ -258,10 +263,46 @@ def _size(expr):
     return 1 + _size(expr.cond) + _size(expr.a) + _size(expr.b)
 
 
+def _lowered(graph, chosen, root, epilogue_reduce, target, prologues, runtime_extents, batch):
+    """(the lowering, its step) of one kernel: scheduled for NOMINAL rows where its output's first
+    extent may be taken at run time and the kernel then serves every extent (generic.py), else for
+    the extent."""
+    if runtime_extents and batch and nominal_applies(graph.nodes[root]):
+        lowering = _Lowering(graph, chosen, root, epilogue_reduce, target, prologues, True, nominal=NOMINAL)
+        step = lowering.kernel()
+        if step is None and lowering.misread:      # a weight with as many rows as the batch, say
+            exclude = frozenset(graph.nodes[k].id for k in lowering.misread)
+            lowering = _Lowering(graph, chosen, root, epilogue_reduce, target, prologues, True, nominal=NOMINAL,
+                                 exclude=exclude)
+            step = lowering.kernel()
+        if step is not None and lowering.least > 1:    # and a body for fewer rows than its groups'
+            whole = _Lowering(graph, chosen, root, epilogue_reduce, target, prologues, True, nominal=FEW,
+                              whole_first=True, exclude=lowering.exclude)
+            fallback = whole.kernel()
+            if fallback is not None and whole.least == 1 and fallback.sites == step.sites and \
+                    fallback.positions == step.positions and fallback.in_place == step.in_place and \
+                    same_params(fallback.kernel, step.kernel):
+                step.kernel = with_fallback(step.kernel, fallback.kernel, lowering.least)
+                step.name = step.kernel.name
+                step.blocked = step.blocked or fallback.blocked
+            elif lowering.least > graph.nodes[root].shape[0]:
+                step = None
+        if step is not None:
+            return lowering, step
+    lowering = _Lowering(graph, chosen, root, epilogue_reduce, target, prologues, runtime_extents)
+    return lowering, lowering.kernel()
+
+
 class _Lowering:
-    def __init__(self, graph, chosen, root, epilogue_reduce, target, prologues=frozenset(), runtime_extents=False):
+    def __init__(self, graph, chosen, root, epilogue_reduce, target, prologues=frozenset(), runtime_extents=False,
+                 nominal=None, whole_first=False, exclude=frozenset()):
         self.graph, self.chosen, self.root, self.target = graph, chosen, root, target
+        self.whole_first, self.least, self.exclude, self.misread = whole_first, None, exclude, set()
         self.runtime_extents = runtime_extents
+        # scheduled for NOMINAL rows whatever the output's first extent (generic.py), or for it
+        self.nominal = nominal          # the rows scheduled for (NOMINAL, FEW), or None: the output's
+        self.first = graph.nodes[root].shape[0] if nominal else None
+        self.nominal_params = set()     # parameters whose first extent NOMINAL stands for
         self.fused_reduce = epilogue_reduce[0] if epilogue_reduce else None
         self.prologue_reduces, self.building = prologues, []
         self.prologue_depths = {}    # a row prologue's accumulator name -> (depth, graph position)
@@ -281,8 +322,20 @@ class _Lowering:
         if position not in self.param_of:
             node = self.graph.nodes[position]
             self.param_of[position] = len(self.params)
-            self.params.append((position, ir.Param(f"p{len(self.params)}", node.dtype, node.shape, output)))
+            shape = self.seen(node)
+            if shape is not node.shape:
+                self.nominal_params.add(len(self.params))
+            self.params.append((position, ir.Param(f"p{len(self.params)}", node.dtype, shape, output)))
         return self.param_of[position]
+
+    def seen(self, node):
+        """A node's shape as this lowering schedules for it: NOMINAL first where its first extent is
+        the output's, when lowering for NOMINAL rows, unless a lowering before this one found it
+        read otherwise than along the output's first dimension (`exclude`; checked: generic.py)."""
+        shape = node.shape
+        if self.first is not None and shape and shape[0] == self.first and node.id not in self.exclude:
+            return (self.nominal,) + tuple(shape[1:])
+        return shape
 
     def site(self, kind, message, node):
         """A run-time check: its number is what a kernel writes to `err` when the check fails."""
@@ -329,7 +382,7 @@ class _Lowering:
                 identical = valid is None and index == self.outer and \
                     (node.shape, node.dtype) == self.outer_shape
                 self.identical_reads[k] = self.identical_reads.get(k, True) and identical
-            return ir.Load(self.param(k), self.flat(node.shape, index), node.dtype, valid)
+            return ir.Load(self.param(k), self.flat(self.seen(node), index), node.dtype, valid)
         if node.op == "index":
             return decompose.index_value(index[node.attrs["axis"]], node.dtype)
         if node.op == "reindex":
@@ -373,7 +426,10 @@ class _Lowering:
                        for e in node.attrs["index_map"])
         if any(_size(e) > INDEX_BUDGET for e in mapped):
             raise _Refuse(self.graph.position[source.id])
-        inside = self.inside(mapped, source.shape)
+        shape = self.seen(source)
+        inside = self.inside(mapped, shape)
+        if inside is not None and shape is not source.shape:   # read past NOMINAL rows: not a batch's
+            self.misread.add(self.graph.position[source.id])
         inner = self.value(source, mapped, _and(valid, inside))
         if inside is None:
             return inner
@@ -470,12 +526,13 @@ class _Lowering:
         elif node.op == "reindex_reduce":
             body, kind = gather.scatter(self, node, out), "s"
         else:
-            for d, size in enumerate(node.shape):
+            shape = self.seen(node)
+            for d, size in enumerate(shape):
                 self.extents[d] = size
             outer = self.outer = tuple(Var(d) for d in range(node.ndim))
             self.outer_shape = (node.shape, node.dtype)
-            store = ir.Store(out, self.flat(node.shape, outer), self.value(node, outer, None))
-            rows.cache_shared(self.prologues, store, node.shape, self.extents)
+            store = ir.Store(out, self.flat(shape, outer), self.value(node, outer, None))
+            rows.cache_shared(self.prologues, store, shape, self.extents)
             body = rows.place(self.loop_nest(node, store), self.prologues)
             kind = "r" if self.reduce_parts else "e"
         body = cascade.blocked_sums(body, self.extents)
@@ -492,9 +549,14 @@ class _Lowering:
             params = [replace(param, shared=True) if k in shared else param for k, param in self.params]
         body = hoist.hoisted(body, params)
         kernel, outer = ir.Kernel(None, params, body, dict(self.extents)), None
-        form = generic_form(kernel, kind, node.shape) if self.runtime_extents and kind in ("e", "r") else None
+        form = None
+        if self.runtime_extents and kind in ("e", "r"):
+            form = generic_form(kernel, kind, node.shape, self.nominal and (self.nominal, self.nominal_params))
+        if self.nominal and form is None:       # (lowered again: for its extent, or with fewer
+            self.misread |= {self.params[k][0] for k in misread(kernel, self.nominal_params)}  # NOMINAL)
+            return None
         if form is not None:        # (named by its form: described once, not also as it is)
-            kernel, outer = form, node.shape[0]
+            (kernel, self.least), outer = form, node.shape[0]
         else:
             shape = "x".join(map(str, node.shape)) or "scalar"
             kernel.name = f"{kind}_{shape}_{hashlib.sha1(ir.describe((body, params)).encode()).hexdigest()[:8]}"
@@ -511,7 +573,7 @@ class _Lowering:
                 body = [ir.Loop(d, self.extents[d], ir.PARALLEL if d == 0 else ir.SERIAL, body)]
             return body
         acc_dtype, init, op, loops, value = self.reduce_parts
-        body = blocks.plain_nest(node.shape, self.extents, ir.Define("acc", acc_dtype, init, op), loops,
+        body = blocks.plain_nest(self.seen(node), self.extents, ir.Define("acc", acc_dtype, init, op), loops,
                                  ir.Accumulate("acc", op, value), store)
         plain = (body, dict(self.extents))
         if self.target.steps is not None:
@@ -520,8 +582,9 @@ class _Lowering:
         else:
             scheduling = Scheduling(body, self.extents)
             target = self.target
-            Heuristic(scheduling, node.shape, acc_dtype.itemsize, target.registers, target.tile_fill,
-                      self.readable() if target.slack else None, target.block, target.l2_bytes).schedule()
+            Heuristic(scheduling, self.seen(node), acc_dtype.itemsize, target.registers, target.tile_fill,
+                      self.readable() if target.slack else None, target.block, target.l2_bytes,
+                      self.whole_first).schedule()
             self.steps, body = scheduling.steps, scheduling.body
         if self.target.search:
             self.neighbours = search.neighbours(*plain, self.steps)
@@ -533,5 +596,5 @@ class _Lowering:
         none. A list, not a method the nest calls back: the nest's IR outlives this lowering in
         reference cycles, and must not keep the graph (and the buffers of its nodes) alive."""
         nodes = [self.graph.nodes[position] for position, _ in self.params]
-        return [node.numel + (self.target.slack // node.dtype.itemsize if node.buffer is None else 0)
+        return [math.prod(self.seen(node)) + (self.target.slack // node.dtype.itemsize if node.buffer is None else 0)
                 for node in nodes]
