@@ -273,6 +273,6 @@ def with_fallback(kernel, fallback, least):
     from `least` on (its groups of rows), and `fallback`'s, which serves every one (scheduled with
     the first dimension whole) and runs below `least`. A kernel scheduled for NOMINAL rows then
     serves every batch size, however few rows it has."""
-    digest = hashlib.sha1(ir.describe((kernel.body, fallback.body, least)).encode()).hexdigest()[:8]
+    digest = hashlib.sha1(ir.describe((kernel.body, fallback.body, least, kernel.params)).encode()).hexdigest()[:8]
     name = kernel.name.rsplit("_", 1)[0] + "_" + digest
     return ir.Kernel(name, kernel.params, kernel.body, kernel.extents, (least, *fallback.body))

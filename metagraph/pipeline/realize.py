@@ -78,6 +78,8 @@ class Pipeline:
         self.cache = generator.cache      # runtime.cache.KernelCache
         self.schedules = {}               # (graph key, library flag) -> Schedule
         self.functions = {}               # kernel key -> callable
+        self.texts = {}                   # kernel key -> its source, one string however many schedules
+                                          # hold it (a CNN over batch sizes 1..200 held 200 copies)
         self.tuner = Tuner(self)
         self.stored = ScheduleStore(self)
 
@@ -210,6 +212,7 @@ class Pipeline:
         report = profiler.current()
         sources = [self.render([kernel]) for kernel in kernels]
         keys = [self.cache.key(source) for source in sources]
+        sources = [self.texts.setdefault(key, source) for key, source in zip(keys, sources)]
         wanted = list({key: i for i, key in enumerate(keys) if key not in self.functions}.values())
         missing = [i for i in wanted if self.cache.find(keys[i]) is None]
         described = {kernel.name: found for kernel, found in zip(kernels, origins)}

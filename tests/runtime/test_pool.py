@@ -140,3 +140,26 @@ def test_sizes_no_realisation_takes_any_more_go_back_to_the_system():
     assert POOLED_MIN * 2 in sizes                                         # the steady size stays
     assert len(sizes) <= 1 + pool.SWEEP_EVERY + pool.KEPT_GENERATIONS      # old sizes went back
     assert p.held <= (2 + pool.SWEEP_EVERY + pool.KEPT_GENERATIONS) * POOLED_MIN * 2
+
+
+def test_a_size_one_realisation_takes_goes_back_after_the_next(monkeypatch):
+    """A loop over batch sizes takes each size once: its free arrays are released after the next
+    realisation, so the pool holds the last sizes' only; a size that realisations a few apart take
+    (a training step's: forward, backward, update) turns durable at its second take, and from then
+    on is handed out again from the same array, step after step."""
+    p = Pool()
+    for generation in range(30):
+        passing = p.take((POOLED_MIN + 64 * generation,), np.uint8)
+        del passing
+        p.age()
+    assert len(p.arrays) <= 2 and p.held <= 2 * (POOLED_MIN + 64 * 30)
+    made = []
+    monkeypatch.setattr(pool, "_zero_tailed", lambda nbytes, slack, make=pool._zero_tailed: made.append(nbytes)
+                        or make(nbytes, slack))
+    for step in range(6):
+        for phase in range(3):                    # three realisations a step, a size of its own each
+            array = p.take((POOLED_MIN * (2 + phase),), np.uint8)
+            del array
+            p.age()
+    assert sorted(made) == sorted([POOLED_MIN * (2 + phase) for phase in range(3)] * 2)   # steps 1 and 2
+    assert {(POOLED_MIN * (2 + phase), 0) for phase in range(3)} <= p.durable
