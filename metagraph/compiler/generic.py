@@ -71,7 +71,8 @@ def batched(graph):
                 extents.add(node.shape[0])
         else:
             carries[k] = any(carries[position[source.id]] for source in node.inputs)
-    return frozenset(k for k, node in enumerate(graph.nodes) if carries[k] and node.ndim and node.shape[0] in extents)
+    return frozenset(k for k, node in enumerate(graph.nodes)
+                     if carries[k] and node.ndim and node.shape[0] in extents)
 
 
 def nominal_applies(node):
@@ -96,10 +97,10 @@ def generic_form(kernel, kind, shape, nominal=None):
 
     `nominal`: (rows, parameters) for a kernel scheduled for NOMINAL (or FEW) rows, whatever its
     output's first extent, and the parameters (by number) it took to have as many (lower.py); the
-    form is then taken only where those are exactly
-    the parameters read along variable 0, each read only at rows of the group variable 0 gives
-    (its other terms stay inside the group's rows), so that it is right for any extent from the
-    group's rows on. Returns (the form, those rows) or None."""
+    form is then taken only where those are exactly the parameters read along variable 0, each read
+    only at rows of the group variable 0 gives (its other terms stay inside the group's rows), so
+    that it is right for any extent from the group's rows on. Returns (the form, those rows) or
+    None."""
     if not shape or shape[0] < 1:
         return None
     extent, nominal = (shape[0], None) if nominal is None else nominal
@@ -123,8 +124,9 @@ def generic_form(kernel, kind, shape, nominal=None):
             stride = _stride(shape_of)
             found = scale // stride if term == Var(0) and scale % stride == 0 and scale > 0 else \
                 _group_rows(term, extent) if scale == stride else None
-            if others or not found or rows not in (None, found) or \
-                    nominal is not None and not _inside_rows(terms, const, term, found * stride, stride, kernel.extents):
+            if others or not found or rows not in (None, found):
+                return None
+            if nominal is not None and not _inside_rows(terms, const, term, found * stride, stride, kernel.extents):
                 return None
             rows = found
             indexed.add(param)

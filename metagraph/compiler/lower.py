@@ -299,8 +299,7 @@ class _Lowering:
         self.graph, self.chosen, self.root, self.target = graph, chosen, root, target
         self.whole_first, self.least, self.exclude, self.misread = whole_first, None, exclude, set()
         self.runtime_extents = runtime_extents
-        # scheduled for NOMINAL rows whatever the output's first extent (generic.py), or for it
-        self.nominal = nominal          # the rows scheduled for (NOMINAL, FEW), or None: the output's
+        self.nominal = nominal          # rows scheduled for whatever the batch (NOMINAL, FEW), or None
         self.first = graph.nodes[root].shape[0] if nominal else None
         self.nominal_params = set()     # parameters whose first extent NOMINAL stands for
         self.fused_reduce = epilogue_reduce[0] if epilogue_reduce else None
@@ -552,8 +551,8 @@ class _Lowering:
         form = None
         if self.runtime_extents and kind in ("e", "r"):
             form = generic_form(kernel, kind, node.shape, self.nominal and (self.nominal, self.nominal_params))
-        if self.nominal and form is None:       # (lowered again: for its extent, or with fewer
-            self.misread |= {self.params[k][0] for k in misread(kernel, self.nominal_params)}  # NOMINAL)
+        if self.nominal and form is None:       # lowered again, for its extent or seeing fewer
+            self.misread |= {self.params[k][0] for k in misread(kernel, self.nominal_params)}
             return None
         if form is not None:        # (named by its form: described once, not also as it is)
             (kernel, self.least), outer = form, node.shape[0]
