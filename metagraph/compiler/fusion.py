@@ -22,7 +22,9 @@ The rules, in the order they apply:
   convolution then reads
   a zero-bordered copy, and its vectorised loop has no bounds test per element (conv 3x3 on
   (8,64,56,56): 65-80 GFLOP/s with the test, 121-158 without);
-- the integer index tensors (extras) of a reindex or reindex_reduce are materialised;
+- the integer index tensors (extras) of a reindex or reindex_reduce are materialised, and so is a
+  reindex through them where kernels take their batch at run time (a token or position embedding:
+  a kernel reading an index tensor stays per batch size, its readers need not);
 - a chain of inlined nodes deeper than MAX_DEPTH is cut (bounded compile time and stack), counted
   through the shared values a kernel computes once (which a long relu chain is made of).
 Cost: 1 per element-wise op, TRANSCENDENTAL_COST per transcendental, 0 for views and loads (and
@@ -74,6 +76,8 @@ def materialised(graph, batched=frozenset()):
             chosen.add(k)
         if node.buffer is None and node.op in ("reindex", "reindex_reduce"):
             chosen.update(_pos(graph, extra) for extra in node.inputs[1:] if extra.buffer is None)
+            if node.op == "reindex" and len(node.inputs) > 1 and batched:
+                chosen.add(k)       # a gather: the kernels reading it stay generic (generic.py)
     cost, depth, shared = [0] * len(graph.nodes), [0] * len(graph.nodes), set()
     for k, node in enumerate(graph.nodes):
         if node.buffer is not None or k in chosen or node.op in ("const", "index"):

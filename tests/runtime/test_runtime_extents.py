@@ -100,6 +100,24 @@ def test_a_weight_with_as_many_rows_as_the_batch_is_not_taken_for_it(c_backend):
     assert compiles[1:] == [0, 0, 0]
 
 
+def test_a_transformer_over_a_new_batch_size_compiles_only_its_token_lookup(c_backend):
+    """A GPT over batches of token ids: the lookup reads an index tensor and stays per batch size;
+    fusion makes it a kernel of its own, so every kernel after it (layer norms, attention,
+    projections) serves every batch size."""
+    from metagraph import models
+    mg.manual_seed(4)
+    gpt, compiles = models.gpt(vocab=32, context=16, d_model=32, heads=2, layers=1).eval(), []
+    for n in (2, 5, 3, 9):
+        tokens = mg.tensor(np.random.default_rng(n).integers(0, 32, (n, 16)))
+        with mg.profile() as prof, mg.no_grad():
+            got = gpt(tokens).numpy()
+        compiles.append(prof.compiles)
+        with mg.no_grad():
+            want = NumpyBackend().realize([gpt(tokens).node])[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert compiles[0] > 3 and compiles[1:] == [1, 1, 1]
+
+
 def test_replayed_runs_of_generic_kernels_keep_the_values(c_backend):
     """From a schedule's third run its kernels are replayed in one native call (runtime/replay.py),
     each generic one given its extent from a slot of the plan."""
