@@ -19,9 +19,8 @@ The rules, in the order they apply:
 - a padded view (a reindex that reads outside its source and fills there) read through an
   expanding reindex (one with more elements than its source, even fewer than twice as many: a
   3x3/2 pooling window) is materialised when it has at least SMALL elements (counted so too): a
-  convolution then reads
-  a zero-bordered copy, and its vectorised loop has no bounds test per element (conv 3x3 on
-  (8,64,56,56): 65-80 GFLOP/s with the test, 121-158 without);
+  convolution then reads a zero-bordered copy, and its vectorised loop has no bounds test per
+  element (conv 3x3 on (8,64,56,56): 65-80 GFLOP/s with the test, 121-158 without);
 - the integer index tensors (extras) of a reindex or reindex_reduce are materialised, and so is a
   reindex through them where kernels take their batch at run time (a token or position embedding:
   a kernel reading an index tensor stays per batch size, its readers need not);
