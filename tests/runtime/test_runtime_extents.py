@@ -48,19 +48,25 @@ def _batch(n, seed=None):
                      .astype(np.float32))
 
 
-def test_every_batch_size_after_the_first_compiles_nothing(c_backend):
-    """Kernels are scheduled for NOMINAL rows whatever the batch and take it at run time, with a body
-    for fewer rows than their groups: the first size, a batch of one, compiles every kernel, and no
-    later size compiles any; every size's values are the oracle's."""
-    model, compiles = _model(), []
-    for n in (1, 3, 2, 5, 17, 16, 9, 40, 64, 65, 7):
-        x = _batch(n)
+def _compiles_and_values(model, batches):
+    """The kernels each inference of `model` compiles over `batches`, in turn; every inference's
+    values are checked against the numpy oracle's."""
+    compiles = []
+    for x in batches:
         with mg.profile() as prof, mg.no_grad():
             got = model(x).numpy()
         compiles.append(prof.compiles)
         with mg.no_grad():
             want = NumpyBackend().realize([model(x).node])[0]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    return compiles
+
+
+def test_every_batch_size_after_the_first_compiles_nothing(c_backend):
+    """Kernels are scheduled for NOMINAL rows whatever the batch and take it at run time, with a body
+    for fewer rows than their groups: the first size, a batch of one, compiles every kernel, and no
+    later size compiles any; every size's values are the oracle's."""
+    compiles = _compiles_and_values(_model(), [_batch(n) for n in (1, 3, 2, 5, 17, 16, 9, 40, 64, 65, 7)])
     assert compiles[0] > 0 and compiles[1:] == [0] * (len(compiles) - 1)
     (entry,) = [e for e in c_backend.schedules.values() if e.steps[0].positions and len(e.steps) > 3][-1:]
     assert all(step.outer is not None and step.name.split("_")[1].startswith("N") for step in entry.steps)
@@ -106,15 +112,9 @@ def test_a_transformer_over_a_new_batch_size_compiles_only_its_token_lookup(c_ba
     projections) serves every batch size."""
     from metagraph import models
     mg.manual_seed(4)
-    gpt, compiles = models.gpt(vocab=32, context=16, d_model=32, heads=2, layers=1).eval(), []
-    for n in (2, 5, 3, 9):
-        tokens = mg.tensor(np.random.default_rng(n).integers(0, 32, (n, 16)))
-        with mg.profile() as prof, mg.no_grad():
-            got = gpt(tokens).numpy()
-        compiles.append(prof.compiles)
-        with mg.no_grad():
-            want = NumpyBackend().realize([gpt(tokens).node])[0]
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    gpt = models.gpt(vocab=32, context=16, d_model=32, heads=2, layers=1).eval()
+    compiles = _compiles_and_values(gpt, [mg.tensor(np.random.default_rng(n).integers(0, 32, (n, 16)))
+                                          for n in (2, 5, 3, 9)])
     assert compiles[0] > 3 and compiles[1:] == [1, 1, 1]
 
 
