@@ -71,8 +71,8 @@ def jam_rows(extent, allowed, varies=False):
     dimension whose extent `varies` from call to call (the output's first: a batch), the first of
     VARYING_ROWS allowed within that waste, divisor or not: the rows then change only where the extent
     crosses one of a few thresholds, and kernels over batches of other sizes share one generic form
-    (generic.py; a small CNN over batch sizes 1..200 compiled 53 kernels after its first two sizes,
-    as many forms as row counts its linear layers took)."""
+    (generic.py: a batch below MANY is scheduled for NOMINAL rows and meets none of them; batches of
+    MANY rows or more, scheduled for their count, share the 8-row form past 57)."""
     if varies:
         return next((r for r in VARYING_ROWS if allowed(r) and r < extent and (-extent % r) * JAM_WASTE <= extent),
                     None)

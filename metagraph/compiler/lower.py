@@ -282,9 +282,7 @@ def _lowered(graph, chosen, root, epilogue_reduce, target, prologues, runtime_ex
             if fallback is not None and whole.least == 1 and fallback.sites == step.sites and \
                     fallback.positions == step.positions and fallback.in_place == step.in_place and \
                     same_params(fallback.kernel, step.kernel):
-                step.kernel = with_fallback(step.kernel, fallback.kernel, lowering.least)
-                step.name = step.kernel.name
-                step.blocked = step.blocked or fallback.blocked
+                step = replace(step, kernel=with_fallback(step.kernel, fallback.kernel, lowering.least))
             elif lowering.least > graph.nodes[root].shape[0]:
                 step = None
         if step is not None:
