@@ -130,9 +130,7 @@ def generic_form(kernel, kind, shape, nominal=None):
                 return None
             rows = found
             indexed.add(param)
-        if nominal is not None and not _reads_first(s, nominal):
-            return None
-    if rows is None or -(-extent // rows) != groups:
+    if rows is None or -(-extent // rows) != groups or nominal is not None and misread(kernel, nominal):
         return None
     text = OUTER if rows == 1 else f"(({OUTER} + {rows - 1}) / {rows})"
     runtime = RuntimeExtent(groups, text)
@@ -158,12 +156,6 @@ def _inside_rows(terms, const, first, span, stride, extents):
             reach = [coef * bound for bound in value_range(term, extents)]
             low, high = low + min(reach), high + max(reach)
     return 0 <= low and high < span + stride
-
-
-def _reads_first(s, nominal):
-    """Whether every load and store of a statement of a parameter in `nominal` reads variable 0."""
-    return all(param not in nominal or expr is not None and 0 in variables(expr)
-               for param, expr in _addresses(s) if param is not None)
 
 
 def misread(kernel, nominal):
