@@ -6,8 +6,9 @@ near the heuristic's (compiler/search.py: other tile widths and jams). The cost 
 (compiler/cost.py) ranks the variants; the heuristic's own kernel, the KEEP - 1 cheapest others
 and the KEEP_NEAR cheapest near schedules are compiled and timed on the buffers the kernel has just
 run on; the search then climbs through the schedules near the fastest (`fastest`). The winner is
-remembered in the kernel cache, with the search's version, so that every later schedule and every
-later process uses it without timing again (until another search would choose anew).
+remembered in the kernel cache under the kernel's name and the thread count it was timed on, with
+the search's version, so that every later schedule and every later process on as many threads uses
+it without timing again (until another search would choose anew).
 
 Tuning happens on a schedule's second run, never its first (a cold start compiles only the
 heuristic choices), and a process starts tuning no kernel once it has spent METAGRAPH_TUNE
@@ -100,7 +101,7 @@ class Tuner:
     def get(self, name):
         """The target remembered for the kernel `name` (its register budget, slack, tile fill,
         lane gain, block and step list as text in the cache), or None."""
-        text = self.cache.tuned(name)
+        text = self.cache.tuned(self.key(name))
         if text is None:
             return None
         parts = text.split()
@@ -112,6 +113,11 @@ class Tuner:
         except ValueError:
             return None          # not ours, or damaged: tuned again, never trusted
         return replace(self.pipeline.target, **chosen)
+
+    def key(self, name):
+        """What a choice for kernel `name` is remembered under: the name and the thread count (the
+        variants were timed on that many threads; a schedule tuned on one core need not win on two)."""
+        return f"{name} threads {self.pipeline.target.threads}"
 
     def wanted(self, run):
         """Whether a schedule's `run`-th run (from 1) should be timed for tuning: its second."""
@@ -129,7 +135,7 @@ class Tuner:
         start = time.perf_counter()
         best = self.fastest(graph, step, buffers)
         self.spent += time.perf_counter() - start
-        self.cache.remember(name, _written(best[0]))
+        self.cache.remember(self.key(name), _written(best[0]))
         entry.steps[i], entry.functions[i], entry.sources[i] = best[1].compiled(), best[2], best[3]
         if flags.DEBUG:
             words = _written(best[0]).split()[1:]

@@ -63,6 +63,13 @@ def test_the_second_run_tunes_and_a_later_process_uses_the_choice(fresh_backend,
     # (the same variant; its kernel takes the batch at run time there, as the timed one did not)
     assert [step.tuned_from for step in _steps(later) if step.tuned_from] == tuned
 
+    # a choice timed on one thread count is not taken on another: that process times its own
+    monkeypatch.setattr(mg.flags, "NUM_THREADS", first.target.threads + 1)
+    other = fresh_backend()
+    for _ in range(2):
+        np.testing.assert_allclose(other.realize([_conv().node])[0], want, rtol=1e-5, atol=1e-5)
+    assert other.tuner.spent > 0 and len(_remembered(other)) == 2
+
 
 def _weight_gradient(filters=32, size=8):
     """A conv's weight gradient: a 3-wide row; 32 filters over an 8x8 plane take a channel tile, 8
@@ -126,7 +133,7 @@ def test_a_remembered_schedule_that_does_not_apply_is_not_trusted(fresh_backend,
     (step,) = [step for step in _steps(backend) if tuning.tunable(step)]
     assert step.tuned_from is None                      # the heuristic's kernel, not a broken one
     tuner = fresh_backend().tuner        # (the patches above were on another pipeline's tuner)
-    tuner.cache.remember("r_kernel", tuning.SEARCH + ' 32 128 0.75 1.5 None [["eval",[1]]]')
+    tuner.cache.remember(tuner.key("r_kernel"), tuning.SEARCH + ' 32 128 0.75 1.5 None [["eval",[1]]]')
     assert tuner.get("r_kernel") is None
 
 
