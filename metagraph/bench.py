@@ -21,7 +21,8 @@ Workloads:
               twin, and their geometric mean (bench_zoo.py)
     S         S1-S4: ResNet-18 training's first step in a fresh process (warm and empty cache),
               peak memory, Python per step; S5: kernels compiled and memory held over batch sizes
-              1..200; each framework in a process of its own (bench_startup.py)
+              1..200 (S5f: against a process that ran size 200 alone); each framework in a
+              process of its own (bench_startup.py)
 
 Each figure is the median of at least --repeat timed calls after two warm-up calls, every call
 forced to complete (read back to numpy); short workloads are called again until a second has

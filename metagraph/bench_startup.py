@@ -5,8 +5,9 @@ start-up and peak memory are its own: S1 the first step with a warm kernel cache
 script), S2 with an empty one (metagraph only), S3 the peak resident memory above the import over
 ten steps, S4 the Python per step (a step's median time less its kernels', from `mg.profile()`).
 S5: a small CNN's inference over batch sizes 1..200 in one process with an empty kernel cache: the
-kernels compiled after the first size (compiler/generic.py), and the resident memory at the end
-above the import, beside PyTorch's.
+kernels compiled after the first size (compiler/generic.py), the resident memory at the end above
+the import, beside PyTorch's, and how flat it stays: the whole process's resident memory at the
+end over that of a process that ran size 200 alone (1.0: the 199 other sizes left nothing behind).
 """
 import json
 import os
@@ -91,7 +92,7 @@ model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReL
                       nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
                       nn.Flatten(), nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10)).eval()
 compiles = []
-for n in range(1, 201):
+for n in (range(1, 201) if sys.argv[3] == "all" else [int(sys.argv[3])]):
     x = tensor(np.random.default_rng(n).standard_normal((n, 1, 28, 28)).astype(np.float32))
     if framework == "metagraph":
         with mg.profile() as prof, no_grad():
@@ -100,15 +101,15 @@ for n in range(1, 201):
     else:
         with no_grad():
             model(x).numpy()
-print(json.dumps({"compiles": sum(compiles[1:]), "rss": rss_mib() - base}))
+print(json.dumps({"compiles": sum(compiles[1:]), "rss": rss_mib() - base, "total": rss_mib()}))
 """
 
 
-def _run(framework, threads, cache=None, program=PROGRAM):
+def _run(framework, threads, cache=None, program=PROGRAM, sizes="all"):
     environment = dict(os.environ, METAGRAPH_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
     if cache is not None:
         environment["METAGRAPH_CACHE_DIR"] = cache
-    done = subprocess.run([sys.executable, "-c", program, framework, str(threads)], env=environment,
+    done = subprocess.run([sys.executable, "-c", program, framework, str(threads), sizes], env=environment,
                           capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(f"the {framework} start-up program failed:\n{done.stderr[-2000:]}")
@@ -131,11 +132,16 @@ def rows(threads, torch_installed, cold=True):
             found.insert(1, _row("S2", "ResNet-18 training, first step, fresh process, empty cache", "s",
                                  _run("metagraph", threads, cache)["first"], None, lower_is_better=True))
             sizes = _run("metagraph", threads, tempfile.mkdtemp(dir=cache), SIZES)
+            alone = _run("metagraph", threads, tempfile.mkdtemp(dir=cache), SIZES, sizes="200")
         theirs = _run("torch", threads, program=SIZES) if torch_installed else None
+        theirs_alone = _run("torch", threads, program=SIZES, sizes="200") if torch_installed else None
         found += [_row("S5", "small CNN inference, batch sizes 1..200: kernels compiled after the first",
                        "kernels", sizes["compiles"], None, lower_is_better=True),
                   _row("S5m", "... resident memory at the end, above the import", "MiB", sizes["rss"],
-                       theirs and theirs["rss"], lower_is_better=True)]
+                       theirs and theirs["rss"], lower_is_better=True),
+                  _row("S5f", "... whole process's memory at the end / size 200 alone's", "x",
+                       sizes["total"] / alone["total"], theirs and theirs["total"] / theirs_alone["total"],
+                       lower_is_better=True)]
     return found
 
 

@@ -10,6 +10,8 @@ import sys
 from contextlib import contextmanager
 
 from metagraph.errors import _PACKAGE_DIR, PROGRAM_FILES, DeviceError, at
+from metagraph.ops.scalars import Realisations
+from metagraph.ops.stale import Sweep
 
 
 class GradMode:
@@ -309,27 +311,40 @@ def fresh_id():
     return next(_ids)
 
 
-_SIGNATURES = {}           # (op, attrs, shape, dtype) -> its number
+_SIGNATURES = {}    # (op, attrs, shape, dtype) -> [its number, the realisation it was last looked up in]
 _signature_numbers = itertools.count(1)      # 0 would read as "not computed yet"
-SIGNATURE_TABLE_SIZE = 1 << 16
+SIGNATURE_TABLE_SIZE = 1 << 16               # a bound (the oldest dropped first), not the policy: _SWEEP
+_SWEEP = Sweep(4096)
 
 
 def signature(node):
     """A number for (op, attrs, shape, dtype), equal for nodes that compute alike from alike
     inputs; graph keys made of numbers hash fast. Computed once per node. Numbers are never
-    reused: a signature dropped from the full table gets a new one when it comes back."""
+    reused: a signature dropped from the table (ops/stale.py; a template's nodes carry theirs
+    without a look-up) gets a new one when it comes back."""
     if node.signature is None:
         attrs = node.attrs
         if attrs:          # most nodes (element-wise) have none: no sort, no generator
             attrs = tuple(sorted([(k, _comparable(v)) for k, v in attrs.items()]))
         described = (node.op, attrs or (), node.shape, node.dtype)
-        number = _SIGNATURES.get(described)
-        if number is None:
-            if len(_SIGNATURES) >= SIGNATURE_TABLE_SIZE:
-                _SIGNATURES.pop(next(iter(_SIGNATURES)))
-            number = _SIGNATURES[described] = next(_signature_numbers)
-        node.signature = number
+        entry = _SIGNATURES.get(described)
+        if entry is None:
+            _make_room()
+            entry = _SIGNATURES[described] = [next(_signature_numbers), 0]
+        entry[1] = Realisations.count
+        node.signature = entry[0]
     return node.signature
+
+
+def _make_room():
+    """Sweep the signatures no recent realisation looked up when it is due; keep the bound."""
+    if _SWEEP.due(len(_SIGNATURES)):
+        oldest = _SWEEP.oldest()
+        for stale in [described for described, (_, used) in _SIGNATURES.items() if used < oldest]:
+            del _SIGNATURES[stale]
+        _SWEEP.done(len(_SIGNATURES))
+    if len(_SIGNATURES) >= SIGNATURE_TABLE_SIZE:
+        _SIGNATURES.pop(next(iter(_SIGNATURES)))
 
 
 def _comparable(value):

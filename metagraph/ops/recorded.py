@@ -12,6 +12,8 @@ A composite is only recorded when replaying it is provably the same as calling i
 built was built during the call, from its arguments, from constants or from each other, and none
 holds a value. A call that reads anything else (a buffer, a node it did not receive)
 is called again every time.
+
+Templates no recent realisation used are swept out (ops/stale.py).
 """
 import functools
 from operator import itemgetter
@@ -19,10 +21,13 @@ from operator import itemgetter
 from metagraph.amp.autocast import AutocastMode
 from metagraph.dtypes import DType
 from metagraph.ops.node import GradMode, Node, built_as, fresh_id, replay_context, signature
+from metagraph.ops.scalars import Realisations
+from metagraph.ops.stale import Sweep
 
-TEMPLATE_CACHE_SIZE = 8192
+TEMPLATE_CACHE_SIZE = 8192       # templates at most, the oldest dropped first (a bound, not a policy)
 _TEMPLATES = {}        # call signature -> Template, or _CALL when the composite must be called
 _CALL = object()
+_SWEEP = Sweep(256)
 
 
 class _Unkeyable(Exception):
@@ -47,9 +52,7 @@ def recorded(composite):
             return template.replay(nodes)
         start = fresh_id()
         result = built_as(composite.__name__, composite, args, kwargs)
-        if len(_TEMPLATES) >= TEMPLATE_CACHE_SIZE:
-            _TEMPLATES.pop(next(iter(_TEMPLATES)))
-        _TEMPLATES[key] = _record(result, nodes, start, composite.__name__)
+        _remember(key, _record(result, nodes, start, composite.__name__))
         return result
     return call
 
@@ -83,11 +86,21 @@ def recorded_rule(rule, name):
             return template.replay(nodes)
         start = fresh_id()
         result = rule(grad, y, *inputs)
-        if len(_TEMPLATES) >= TEMPLATE_CACHE_SIZE:
-            _TEMPLATES.pop(next(iter(_TEMPLATES)))
-        _TEMPLATES[key] = _record(result, nodes, start, name)
+        _remember(key, _record(result, nodes, start, name))
         return result
     return call
+
+
+def _remember(key, template):
+    """Put a new template in the table, first sweeping out the stale ones when it is due."""
+    if _SWEEP.due(len(_TEMPLATES)):
+        oldest = _SWEEP.oldest()
+        for stale in [k for k, t in _TEMPLATES.items() if t is _CALL or t.used < oldest]:
+            del _TEMPLATES[stale]       # (a call that cannot be recorded is tried again: cheap)
+        _SWEEP.done(len(_TEMPLATES))
+    if len(_TEMPLATES) >= TEMPLATE_CACHE_SIZE:
+        _TEMPLATES.pop(next(iter(_TEMPLATES)))
+    _TEMPLATES[key] = template
 
 
 _ITSELF = frozenset({int, str, type(None), DType})      # the arguments that describe themselves
@@ -148,10 +161,12 @@ class Template:
         self.result = result          # the composite's result with slot numbers in place of nodes
         self.fill = _filler(result)   # fill(slots): the result of a replay
         self.name = name
+        self.used = Realisations.count     # the realisation it was last replayed in (the sweep)
 
     def replay(self, arguments):
         """The nodes rebuilt from the call's node arguments, a list the slots are appended to. They
         record the composite a call would (this one, or the one outside it being built)."""
+        self.used = Realisations.count
         location, composite = replay_context(self.name)
         slots = arguments
         slots += self.constants

@@ -24,11 +24,19 @@ from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import schedule
 from metagraph.errors import CompileError, MetagraphError, at
 from metagraph.ops.node import user_site
+from metagraph.ops.scalars import Realisations
+from metagraph.ops.stale import Sweep
 from metagraph.pipeline.stored import ScheduleStore
 from metagraph.pipeline.tuning import Tuner
 from metagraph.runtime import donation, executor, profiler, replay
 
-SCHEDULE_CACHE_SIZE = 4096
+# A pipeline drops the schedules no recent realisation ran when their table is due for a sweep
+# (ops/stale.py), and the least recently run beyond both bounds (a schedule's memory grows with its
+# graph's nodes: a small CNN's ~40 KB, ResNet-18's training step's a few MB); a dropped one is
+# loaded from disk (stored.py) or lowered again when its graph comes back. A CNN over batch sizes
+# 1..200 kept all 200 schedules under the old bound of 4,096.
+SCHEDULES_KEPT = 64
+SCHEDULE_NODES = 1 << 14
 REPLAY_FROM = 3         # the run from which a schedule is replayed (its second is tuning's)
 
 
@@ -40,6 +48,8 @@ class Schedule:
     functions: list
     sources: list
     runs: int = 0
+    used: int = 0            # the realisation it last ran in (ops/scalars.Realisations)
+    nodes: int = 0           # its graph's nodes (what the bound SCHEDULE_NODES counts)
     members: list = None     # per step, the graph positions its kernel computes (provenance.py)
     dead: list = None        # per step, the buffers no later step reads (executor.dead_after)
     donations: object = None     # runtime.donation.Plan
@@ -80,6 +90,7 @@ class Pipeline:
         self.functions = {}               # kernel key -> callable
         self.texts = {}                   # kernel key -> its source, one string however many schedules
                                           # hold it (a CNN over batch sizes 1..200 held 200 copies)
+        self.sweep = Sweep(16)            # of the schedules no recent realisation ran
         self.tuner = Tuner(self)
         self.stored = ScheduleStore(self)
 
@@ -101,10 +112,11 @@ class Pipeline:
         entry = self.schedules.get(key)         # (one lookup: a large graph's key takes long to hash)
         if entry is None:
             entry = self._stored_schedule(graph) or self._scheduled(graph, began)
-            if len(self.schedules) >= SCHEDULE_CACHE_SIZE:
-                self.schedules.pop(next(iter(self.schedules)))
+            entry.nodes = len(graph.nodes)
+            self._make_room(entry.nodes)
             self.schedules[key] = entry
         entry.runs += 1
+        entry.used = Realisations.count
         if entry.dead is None:
             entry.prepare(graph)
         buffers = self._run(graph, entry, outputs)
@@ -123,6 +135,29 @@ class Pipeline:
             report.record("realise", "realise", began, time.perf_counter() - began, at=f"{path}:{line}",
                           values=len(graph.outputs), kernels=len(entry.steps))
         return [buffers[k] for k in graph.outputs]
+
+    def _make_room(self, nodes):
+        """Make room for a schedule of `nodes` nodes: drop the schedules no recent realisation ran
+        when the table is due for a sweep, then the least recently run until both bounds hold, and
+        the kernels and sources only they held (their binaries stay mapped: SharedObjects)."""
+        before = len(self.schedules)
+        if self.sweep.due(before):
+            oldest = self.sweep.oldest()
+            self.schedules = {key: entry for key, entry in self.schedules.items() if entry.used >= oldest}
+            self.sweep.done(len(self.schedules))
+        held = sum(entry.nodes for entry in self.schedules.values())
+        for key, entry in sorted(self.schedules.items(), key=lambda item: item[1].used):
+            if len(self.schedules) < SCHEDULES_KEPT and held + nodes <= SCHEDULE_NODES:
+                break
+            del self.schedules[key]
+            held -= entry.nodes
+        if len(self.schedules) == before:
+            return
+        kept = self.schedules.values()
+        functions = {id(function) for entry in kept for function in entry.functions}
+        sources = {id(source) for entry in kept for source in entry.sources}
+        self.functions = {k: f for k, f in self.functions.items() if id(f) in functions}
+        self.texts = {k: text for k, text in self.texts.items() if id(text) in sources}
 
     def _run(self, graph, entry, outputs):
         """Launch the schedule's kernels; on the run tuning wants, each slow kernel's variants are
