@@ -34,6 +34,7 @@ import sys
 from metagraph.compiler.generic import NOMINAL
 from metagraph.compiler.simplify import value_range
 from metagraph.dtypes import LOW_PRECISION
+from metagraph.expr import variables
 from metagraph.ops.table import ELEMENTWISE, TABLE
 
 CHEAP_COST = 12        # recomputing a sigmoid beats writing it out and reading it back
@@ -105,7 +106,8 @@ def materialised(graph, batched=frozenset()):
                 source = _pos(graph, widened.inputs[0])
             # a padded copy pays even where a window reads its elements fewer than twice each on
             # average: a 3x3/2 max-pool over a 16x16 plane (1.9 reads) 5.4 -> 0.2 ms + 0.4 to copy
-            ratio = node.numel / max(node.inputs[0].numel, 1)
+            repeated = _elements(node, True) if batched and _repeats_rows(node) else node.numel
+            ratio = repeated / max(node.inputs[0].numel, 1)
             expensive = int(ratio) > 1 and cost[source] * int(ratio) > EXPAND_BUDGET
             elements = _elements(node.inputs[0], _pos(graph, node.inputs[0]) in batched)
             if elements >= SMALL and (expensive or (ratio > 1 and _padded(graph.nodes[source]))):
@@ -151,6 +153,16 @@ def _elements(node, batch):
     if batch and node.shape[0] < NOMINAL:
         return node.numel // node.shape[0] * NOMINAL if node.shape[0] else 0
     return node.numel
+
+
+def _repeats_rows(node):
+    """Whether `node` is a view whose rows all read the same element of its input: a broadcast along
+    its first dimension (a per-channel value over the batch), which a kernel taking its first
+    extent at run time repeats for NOMINAL rows or more, at a batch of one as at any other (it has
+    one row there: MobileNetV2's last batch norm inlined its scale at a batch of one, and batch 2
+    compiled three kernels again)."""
+    return node.ndim > 0 and len(node.inputs) == 1 and \
+        all(0 not in variables(term) for term in node.attrs["index_map"])
 
 
 def _padded(node):

@@ -121,7 +121,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     taps = view(weight, loop, [Var(1), Var(4), Var(5), Var(6)])
     out = contract(window, taps, (4, 5, 6))
     if bias is not None:
-        out = out + reshape(bias, (1, k, 1, 1))
+        out = out + reshape(bias, (k, 1, 1))          # (broadcast at every batch size: loss._channel_view)
     return _unbatch(out, unbatched)
 
 
@@ -156,7 +156,7 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     taps = view(weight, loop, [channel, Var(1) % cout_g if groups > 1 else Var(1), Var(5), Var(6)])
     out = contract(window, taps, (4, 5, 6))
     if bias is not None:
-        out = out + reshape(bias, (1, cout, 1, 1))
+        out = out + reshape(bias, (cout, 1, 1))      # (broadcast at every batch size: loss._channel_view)
     return _unbatch(out, unbatched)
 
 

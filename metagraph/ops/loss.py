@@ -150,7 +150,10 @@ def linear(x, weight, bias=None):
 
 
 def _channel_view(v, ndim):
-    return reshape(v, (1, v.shape[0]) + (1,) * (ndim - 2))
+    """A per-channel vector as (C, 1, ...), which broadcasting reads for every row of an (N, C, ...)
+    input. Not (1, C, 1, ...): at a batch of one that shape is the input's own, no broadcast is made,
+    and the graph (so its kernels) would differ from every other batch size's."""
+    return reshape(v, (v.shape[0],) + (1,) * (ndim - 2))
 
 
 @recorded

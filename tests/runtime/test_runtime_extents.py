@@ -72,6 +72,23 @@ def test_every_batch_size_after_the_first_compiles_nothing(c_backend):
     assert all(step.outer is not None and step.name.split("_")[1].startswith("N") for step in entry.steps)
 
 
+def test_per_channel_values_broadcast_alike_at_a_batch_of_one(c_backend):
+    """A batch norm, a conv's bias and a clamp over a 1x1 map (MobileNetV2's tail): at a batch of one
+    a per-channel (1, C, 1, 1) value has the input's shape, so nothing would broadcast it and fusion
+    would inline its scale where other batches materialise it. Per-channel values are (C, 1, 1)
+    (broadcast at every batch size) and a broadcast over the batch counts NOMINAL rows: the first
+    size compiles everything, batch 2 and later sizes nothing."""
+    mg.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(3, 24, 3, stride=2), nn.BatchNorm2d(24), nn.ReLU6(),
+                          nn.Conv2d(24, 1280, 3), nn.BatchNorm2d(1280), nn.ReLU6(),   # (fusion.SMALL
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(1280, 10)).eval()  # channels)
+    for bn in (model[1], model[4]):      # statistics of a trained model, not the initial 0 and 1
+        bn.running_mean.copy_(mg.tensor(np.random.default_rng(5).standard_normal(bn.num_features).astype(np.float32)))
+        bn.running_var.copy_(mg.tensor(np.random.default_rng(6).random(bn.num_features).astype(np.float32) + 0.5))
+    compiles = _compiles_and_values(model, [_batch(n) for n in (1, 2, 3, 1, 6)])
+    assert compiles[0] > 0 and compiles[1:] == [0, 0, 0, 0]
+
+
 def test_a_linear_layer_over_any_count_of_rows_shares_one_kernel(c_backend):
     """Rows in groups (a channel tile of 16, or rows jammed by 8), the last group clamped where they
     do not divide the count (blocks.jam), and a body scheduled for FEW rows below a group's: every
