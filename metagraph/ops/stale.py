@@ -1,9 +1,9 @@
 """Memos keyed by shapes forget what recent realisations have not used.
 
-A composite's template (ops/recorded.py) and a node signature's number (ops/node.py) are made once
-per shape and kept so that the next call with that shape is cheap. A loop over new shapes (batch
-sizes 1..200) would keep every shape's: a small CNN's grew 4 MiB per 100 sizes in templates and
-2 MiB in signatures. Each entry therefore remembers the realisation it was last used in
+A composite's template (ops/recorded.py), a node signature's number (ops/node.py) and a graph's
+schedule (pipeline/realize.py) are made once per shape and kept so that the next call with that
+shape is cheap. A loop over new shapes (batch sizes 1..200) would keep every shape's: a small
+CNN's grew 4 MiB per 100 sizes in templates, 2 MiB in signatures and 4 MiB in schedules. Each entry therefore remembers the realisation it was last used in
 (ops/scalars.Realisations, which the executor counts), and when a memo has doubled since its last
 sweep the entries unused for KEPT_REALISATIONS realisations go. A loop's own entries are used every
 iteration and stay, however many there are; the sweep's cost is spread over the entries that made

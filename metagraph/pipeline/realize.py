@@ -32,11 +32,13 @@ from metagraph.runtime import donation, executor, profiler, replay
 
 # A pipeline drops the schedules no recent realisation ran when their table is due for a sweep
 # (ops/stale.py), and the least recently run beyond both bounds (a schedule's memory grows with its
-# graph's nodes: a small CNN's ~40 KB, ResNet-18's training step's a few MB); a dropped one is
-# loaded from disk (stored.py) or lowered again when its graph comes back. A CNN over batch sizes
-# 1..200 kept all 200 schedules under the old bound of 4,096.
+# graph's nodes: a small CNN's ~40 KB, ResNet-18's training step's a few MB), but never the
+# SCHEDULES_ALWAYS run last, however large; a dropped one is loaded from disk (stored.py) or
+# lowered again when its graph comes back. A CNN over batch sizes 1..200 kept all 200 schedules
+# under the old bound of 4,096.
 SCHEDULES_KEPT = 64
 SCHEDULE_NODES = 1 << 14
+SCHEDULES_ALWAYS = 8
 REPLAY_FROM = 3         # the run from which a schedule is replayed (its second is tuning's)
 
 
@@ -147,7 +149,8 @@ class Pipeline:
             self.sweep.done(len(self.schedules))
         held = sum(entry.nodes for entry in self.schedules.values())
         for key, entry in sorted(self.schedules.items(), key=lambda item: item[1].used):
-            if len(self.schedules) < SCHEDULES_KEPT and held + nodes <= SCHEDULE_NODES:
+            if len(self.schedules) < SCHEDULES_KEPT and \
+                    (held + nodes <= SCHEDULE_NODES or len(self.schedules) < SCHEDULES_ALWAYS):
                 break
             del self.schedules[key]
             held -= entry.nodes

@@ -74,3 +74,24 @@ def test_a_loop_over_the_same_shapes_records_and_lowers_once(small_floors):
     assert recorded._TEMPLATES == templates             # the same Template objects: none recorded again
     assert small_floors.schedules == schedules          # the same Schedules: none lowered again
     assert {key: entry[0] for key, entry in node._SIGNATURES.items()} == signatures
+
+
+def test_the_schedules_run_last_stay_whatever_their_size(small_floors, monkeypatch):
+    """Beyond the node bound the least recently run schedules go, never the SCHEDULES_ALWAYS run
+    last: a loop's graphs larger than the bound are not lowered again at every realisation."""
+    from metagraph.pipeline import realize
+    monkeypatch.setattr(realize, "SCHEDULE_NODES", 1)        # every schedule is over it
+    small_floors.sweep = Sweep(10 ** 6)                      # (the bounds alone, here)
+    model = _model()
+    batches = [mg.tensor(np.random.default_rng(n).standard_normal((n, 1, 6, 6)).astype(np.float32))
+               for n in range(1, 13)]
+    for x in batches:
+        with mg.no_grad():
+            model(x).numpy()
+    assert len(small_floors.schedules) == realize.SCHEDULES_ALWAYS
+    kept = dict(small_floors.schedules)
+    for x in batches[-realize.SCHEDULES_ALWAYS:] * 2:
+        with mg.no_grad():
+            model(x).numpy()
+    assert small_floors.schedules == kept and all(a is b for a, b in zip(kept.values(),
+                                                                           small_floors.schedules.values()))
