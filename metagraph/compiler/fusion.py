@@ -79,6 +79,7 @@ def materialised(graph, batched=frozenset()):
             if node.op == "reindex" and len(node.inputs) > 1 and batched:
                 chosen.add(k)       # a gather: the kernels reading it stay generic (generic.py)
     cost, depth, shared = [0] * len(graph.nodes), [0] * len(graph.nodes), set()
+    batch_rows = {graph.nodes[k].shape[0] for k in batched}       # the batch's first extents
     for k, node in enumerate(graph.nodes):
         if node.buffer is not None or k in chosen or node.op in ("const", "index"):
             continue
@@ -106,7 +107,7 @@ def materialised(graph, batched=frozenset()):
                 source = _pos(graph, widened.inputs[0])
             # a padded copy pays even where a window reads its elements fewer than twice each on
             # average: a 3x3/2 max-pool over a 16x16 plane (1.9 reads) 5.4 -> 0.2 ms + 0.4 to copy
-            repeated = _elements(node, True) if batched and _repeats_rows(node) else node.numel
+            repeated = _elements(node, True) if _repeats_rows(node, batch_rows) else node.numel
             ratio = repeated / max(node.inputs[0].numel, 1)
             expensive = int(ratio) > 1 and cost[source] * int(ratio) > EXPAND_BUDGET
             elements = _elements(node.inputs[0], _pos(graph, node.inputs[0]) in batched)
@@ -155,13 +156,13 @@ def _elements(node, batch):
     return node.numel
 
 
-def _repeats_rows(node):
-    """Whether `node` is a view whose rows all read the same element of its input: a broadcast along
-    its first dimension (a per-channel value over the batch), which a kernel taking its first
-    extent at run time repeats for NOMINAL rows or more, at a batch of one as at any other (it has
-    one row there: MobileNetV2's last batch norm inlined its scale at a batch of one, and batch 2
-    compiled three kernels again)."""
-    return node.ndim > 0 and len(node.inputs) == 1 and \
+def _repeats_rows(node, batch_rows):
+    """Whether `node` is a view whose rows, as many as the batch's (`batch_rows`: its first
+    extents), all read the same element of its input: a per-channel value broadcast over the batch,
+    which a kernel taking its first extent at run time repeats for NOMINAL rows or more, at a batch
+    of one as at any other (it has one row there: MobileNetV2's last batch norm inlined its scale
+    at a batch of one, and batch 2 compiled three kernels again)."""
+    return node.ndim > 0 and node.shape[0] in batch_rows and len(node.inputs) == 1 and \
         all(0 not in variables(term) for term in node.attrs["index_map"])
 
 

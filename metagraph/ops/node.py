@@ -10,7 +10,6 @@ import sys
 from contextlib import contextmanager
 
 from metagraph.errors import _PACKAGE_DIR, PROGRAM_FILES, DeviceError, at
-from metagraph.ops.scalars import Realisations
 from metagraph.ops.stale import Sweep
 
 
@@ -311,7 +310,7 @@ def fresh_id():
     return next(_ids)
 
 
-_SIGNATURES = {}    # (op, attrs, shape, dtype) -> [its number, the realisation it was last looked up in]
+_SIGNATURES = {}    # (op, attrs, shape, dtype) -> [its number, the sweep generation it was last looked up in]
 _signature_numbers = itertools.count(1)      # 0 would read as "not computed yet"
 SIGNATURE_TABLE_SIZE = 1 << 16               # a bound (the oldest dropped first), not the policy: _SWEEP
 _SWEEP = Sweep(4096)
@@ -331,17 +330,17 @@ def signature(node):
         if entry is None:
             _make_room()
             entry = _SIGNATURES[described] = [next(_signature_numbers), 0]
-        entry[1] = Realisations.count
+        entry[1] = _SWEEP.generation
         node.signature = entry[0]
     return node.signature
 
 
 def _make_room():
-    """Sweep the signatures no recent realisation looked up when it is due; keep the bound."""
-    if _SWEEP.due(len(_SIGNATURES)):
-        oldest = _SWEEP.oldest()
-        for stale in [described for described, (_, used) in _SIGNATURES.items() if used < oldest]:
-            del _SIGNATURES[stale]
+    """Sweep the signatures not looked up since the last sweep when it is due; keep the bound."""
+    if _SWEEP.due():
+        current = _SWEEP.generation
+        for stale in [described for described, (_, used) in list(_SIGNATURES.items()) if used != current]:
+            _SIGNATURES.pop(stale, None)
         _SWEEP.done(len(_SIGNATURES))
     if len(_SIGNATURES) >= SIGNATURE_TABLE_SIZE:
         _SIGNATURES.pop(next(iter(_SIGNATURES)))

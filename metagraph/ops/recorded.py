@@ -21,7 +21,6 @@ from operator import itemgetter
 from metagraph.amp.autocast import AutocastMode
 from metagraph.dtypes import DType
 from metagraph.ops.node import GradMode, Node, built_as, fresh_id, replay_context, signature
-from metagraph.ops.scalars import Realisations
 from metagraph.ops.stale import Sweep
 
 TEMPLATE_CACHE_SIZE = 8192       # templates at most, the oldest dropped first (a bound, not a policy)
@@ -93,13 +92,15 @@ def recorded_rule(rule, name):
 
 def _remember(key, template):
     """Put a new template in the table, first sweeping out the stale ones when it is due."""
-    if _SWEEP.due(len(_TEMPLATES)):
-        oldest = _SWEEP.oldest()
-        for stale in [k for k, t in _TEMPLATES.items() if t is _CALL or t.used < oldest]:
-            del _TEMPLATES[stale]       # (a call that cannot be recorded is tried again: cheap)
+    if _SWEEP.due():
+        current = _SWEEP.generation
+        for stale in [k for k, t in list(_TEMPLATES.items()) if t is _CALL or t.used != current]:
+            _TEMPLATES.pop(stale, None)     # (a call that cannot be recorded is tried again: cheap)
         _SWEEP.done(len(_TEMPLATES))
     if len(_TEMPLATES) >= TEMPLATE_CACHE_SIZE:
         _TEMPLATES.pop(next(iter(_TEMPLATES)))
+    if template is not _CALL:
+        template.used = _SWEEP.generation
     _TEMPLATES[key] = template
 
 
@@ -161,12 +162,12 @@ class Template:
         self.result = result          # the composite's result with slot numbers in place of nodes
         self.fill = _filler(result)   # fill(slots): the result of a replay
         self.name = name
-        self.used = Realisations.count     # the realisation it was last replayed in (the sweep)
+        self.used = _SWEEP.generation      # the sweep generation it was last replayed in
 
     def replay(self, arguments):
         """The nodes rebuilt from the call's node arguments, a list the slots are appended to. They
         record the composite a call would (this one, or the one outside it being built)."""
-        self.used = Realisations.count
+        self.used = _SWEEP.generation
         location, composite = replay_context(self.name)
         slots = arguments
         slots += self.constants

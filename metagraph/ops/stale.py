@@ -1,33 +1,38 @@
-"""Memos keyed by shapes forget what recent realisations have not used.
+"""Memos keyed by shapes forget what has not been used since their last sweep.
 
 A composite's template (ops/recorded.py), a node signature's number (ops/node.py) and a graph's
 schedule (pipeline/realize.py) are made once per shape and kept so that the next call with that
 shape is cheap. A loop over new shapes (batch sizes 1..200) would keep every shape's: a small
-CNN's grew 4 MiB per 100 sizes in templates, 2 MiB in signatures and 4 MiB in schedules. Each entry therefore remembers the realisation it was last used in
-(ops/scalars.Realisations, which the executor counts), and when a memo has doubled since its last
-sweep the entries unused for KEPT_REALISATIONS realisations go. A loop's own entries are used every
-iteration and stay, however many there are; the sweep's cost is spread over the entries that made
-the memo double.
-"""
-from metagraph.ops.scalars import Realisations
+CNN's grew 4 MiB per 100 sizes in templates, 2 MiB in signatures and 4 MiB in schedules.
 
-KEPT_REALISATIONS = 8        # an entry unused for this many realisations may be dropped
+So each making or use of an entry stamps it with its memo's generation (`Sweep.generation`), and
+after `at` new entries a sweep drops the entries not stamped since the last sweep and begins the
+next generation. `at` is half what the sweep kept (at least `floor`): a memo whose loop uses H
+entries over and over holds at most H + 2 * max(floor, H) however many shapes pass through it (with
+`at` as large as what was kept, the entries a sweep keeps because they were just made raised the
+next `at`, and the memo grew by H at every sweep). An entry a loop uses every iteration stays as
+long as an iteration makes fewer than `at` new entries, however many realisations it makes; a
+loop that makes none never sweeps. (A limit by realisations, the first form of this, dropped the
+entries of a loop with more realisations an iteration than it looked back over.)
+"""
 
 
 class Sweep:
-    """When a memo is due for a sweep (`due(size)`), and what a sweep keeps (`oldest`)."""
+    """When a memo is due for a sweep (`due`, at each new entry), and which entries a sweep keeps:
+    those stamped with the current `generation`."""
 
     def __init__(self, floor):
-        self.floor = self.at = floor       # a memo smaller than `floor` is never swept
+        self.floor = self.at = floor       # new entries between sweeps, at least
+        self.made = 0                      # new entries since the last sweep
+        self.generation = 0
 
-    def due(self, size):
-        return size >= self.at
+    def due(self):
+        """Count a new entry; whether the memo should be swept before it joins."""
+        self.made += 1
+        return self.made > self.at
 
-    @staticmethod
-    def oldest():
-        """The earliest realisation an entry must have been used in to stay."""
-        return Realisations.count - KEPT_REALISATIONS
-
-    def done(self, size):
-        """The sweep has left `size` entries: the next is due when the memo has doubled."""
-        self.at = max(self.floor, 2 * size)
+    def done(self, kept):
+        """The sweep has kept `kept` entries."""
+        self.at = max(self.floor, kept // 2)
+        self.made = 1                      # (the entry about to join)
+        self.generation += 1

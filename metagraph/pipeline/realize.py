@@ -24,21 +24,15 @@ from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import schedule
 from metagraph.errors import CompileError, MetagraphError, at
 from metagraph.ops.node import user_site
-from metagraph.ops.scalars import Realisations
 from metagraph.ops.stale import Sweep
 from metagraph.pipeline.stored import ScheduleStore
 from metagraph.pipeline.tuning import Tuner
 from metagraph.runtime import donation, executor, profiler, replay
 
-# A pipeline drops the schedules no recent realisation ran when their table is due for a sweep
-# (ops/stale.py), and the least recently run beyond both bounds (a schedule's memory grows with its
-# graph's nodes: a small CNN's ~40 KB, ResNet-18's training step's a few MB), but never the
-# SCHEDULES_ALWAYS run last, however large; a dropped one is loaded from disk (stored.py) or
-# lowered again when its graph comes back. A CNN over batch sizes 1..200 kept all 200 schedules
-# under the old bound of 4,096.
-SCHEDULES_KEPT = 64
-SCHEDULE_NODES = 1 << 14
-SCHEDULES_ALWAYS = 8
+# A pipeline's schedules are swept like the other per-shape memos (ops/stale.py): a dropped one is
+# loaded from disk (stored.py) or lowered again when its graph comes back; a CNN over batch sizes
+# 1..200 had kept all 200. SCHEDULE_CACHE_SIZE bounds them whatever the sweeps keep.
+SCHEDULE_CACHE_SIZE = 4096
 REPLAY_FROM = 3         # the run from which a schedule is replayed (its second is tuning's)
 
 
@@ -50,8 +44,7 @@ class Schedule:
     functions: list
     sources: list
     runs: int = 0
-    used: int = 0            # the realisation it last ran in (ops/scalars.Realisations)
-    nodes: int = 0           # its graph's nodes (what the bound SCHEDULE_NODES counts)
+    used: int = 0            # the sweep generation it last ran in (Pipeline.sweep)
     members: list = None     # per step, the graph positions its kernel computes (provenance.py)
     dead: list = None        # per step, the buffers no later step reads (executor.dead_after)
     donations: object = None     # runtime.donation.Plan
@@ -92,7 +85,7 @@ class Pipeline:
         self.functions = {}               # kernel key -> callable
         self.texts = {}                   # kernel key -> its source, one string however many schedules
                                           # hold it (a CNN over batch sizes 1..200 held 200 copies)
-        self.sweep = Sweep(16)            # of the schedules no recent realisation ran
+        self.sweep = Sweep(16)            # of the schedules not run since the last sweep
         self.tuner = Tuner(self)
         self.stored = ScheduleStore(self)
 
@@ -114,11 +107,14 @@ class Pipeline:
         entry = self.schedules.get(key)         # (one lookup: a large graph's key takes long to hash)
         if entry is None:
             entry = self._stored_schedule(graph) or self._scheduled(graph, began)
-            entry.nodes = len(graph.nodes)
-            self._make_room(entry.nodes)
+            if len(self.schedules) >= SCHEDULE_CACHE_SIZE:
+                self.schedules.pop(next(iter(self.schedules)), None)
             self.schedules[key] = entry
+            entry.used = self.sweep.generation      # (kept by a sweep now: it holds kernels just loaded)
+            if self.sweep.due():
+                self._sweep()
+        entry.used = self.sweep.generation
         entry.runs += 1
-        entry.used = Realisations.count
         if entry.dead is None:
             entry.prepare(graph)
         buffers = self._run(graph, entry, outputs)
@@ -138,29 +134,21 @@ class Pipeline:
                           values=len(graph.outputs), kernels=len(entry.steps))
         return [buffers[k] for k in graph.outputs]
 
-    def _make_room(self, nodes):
-        """Make room for a schedule of `nodes` nodes: drop the schedules no recent realisation ran
-        when the table is due for a sweep, then the least recently run until both bounds hold, and
-        the kernels and sources only they held (their binaries stay mapped: SharedObjects)."""
-        before = len(self.schedules)
-        if self.sweep.due(before):
-            oldest = self.sweep.oldest()
-            self.schedules = {key: entry for key, entry in self.schedules.items() if entry.used >= oldest}
-            self.sweep.done(len(self.schedules))
-        held = sum(entry.nodes for entry in self.schedules.values())
-        for key, entry in sorted(self.schedules.items(), key=lambda item: item[1].used):
-            if len(self.schedules) < SCHEDULES_KEPT and \
-                    (held + nodes <= SCHEDULE_NODES or len(self.schedules) < SCHEDULES_ALWAYS):
-                break
-            del self.schedules[key]
-            held -= entry.nodes
-        if len(self.schedules) == before:
-            return
-        kept = self.schedules.values()
+    def _sweep(self):
+        """Drop the schedules not run again since the last sweep, and the kernels and sources only
+        they held (their binaries stay mapped: SharedObjects). In place: other threads may be
+        reading the tables (a kernel another thread is loading is looked up in `load`'s own dict)."""
+        current = self.sweep.generation
+        for key in [key for key, entry in list(self.schedules.items()) if entry.used != current]:
+            self.schedules.pop(key, None)
+        self.sweep.done(len(self.schedules))
+        kept = list(self.schedules.values())
         functions = {id(function) for entry in kept for function in entry.functions}
         sources = {id(source) for entry in kept for source in entry.sources}
-        self.functions = {k: f for k, f in self.functions.items() if id(f) in functions}
-        self.texts = {k: text for k, text in self.texts.items() if id(text) in sources}
+        for key in [key for key, function in list(self.functions.items()) if id(function) not in functions]:
+            self.functions.pop(key, None)
+        for key in [key for key, text in list(self.texts.items()) if id(text) not in sources]:
+            self.texts.pop(key, None)
 
     def _run(self, graph, entry, outputs):
         """Launch the schedule's kernels; on the run tuning wants, each slow kernel's variants are
@@ -251,52 +239,55 @@ class Pipeline:
         sources = [self.render([kernel]) for kernel in kernels]
         keys = [self.cache.key(source) for source in sources]
         sources = [self.texts.setdefault(key, source) for key, source in zip(keys, sources)]
-        wanted = list({key: i for i, key in enumerate(keys) if key not in self.functions}.values())
+        loaded = {key: self.functions.get(key) for key in keys}   # (not read back from the table: a
+        wanted = list({key: i for i, key in enumerate(keys) if loaded[key] is None}.values())  # sweep prunes it)
         missing = [i for i in wanted if self.cache.find(keys[i]) is None]
         described = {kernel.name: found for kernel, found in zip(kernels, origins)}
         self._compile([kernels[i] for i in missing], [keys[i] for i in missing], described)
         compiled = set(missing)
-        stale = [i for i in wanted if not self._open(kernels[i], keys[i], None if i in compiled else report)]
+        for i in wanted:
+            loaded[keys[i]] = self._open(kernels[i], keys[i], None if i in compiled else report)
+        stale = [i for i in wanted if loaded[keys[i]] is None]
         self._compile([kernels[i] for i in stale], [keys[i] for i in stale], described)
         for i in stale:
-            if not self._open(kernels[i], keys[i]):
+            loaded[keys[i]] = self._open(kernels[i], keys[i])
+            if loaded[keys[i]] is None:
                 raise CompileError(f"kernel {kernels[i].name} is missing from the binary just built "
                                    f"for it in {self.cache.directory}")
         if report is not None:
             report.compiles += len(missing) + len(stale)
             report.cache_hits += len(kernels) - len(missing) - len(stale)
-        return [self.functions[key] for key in keys], sources
+        return [loaded[key] for key in keys], sources
 
     def stored_function(self, key, name):
         """The callable of the cached kernel with `key` and `name`, or None if the cache lacks it."""
-        if key not in self.functions:
+        function = self.functions.get(key)
+        if function is None:
             path = self.cache.find(key)
-            if path is None or not self._opened(key, path, name):
-                return None
-        return self.functions[key]
+            function = None if path is None else self._opened(key, path, name)
+        return function
 
     def _opened(self, key, path, name):
-        """Load kernel `name` of the binary at `path` into self.functions under `key`; False when
+        """Kernel `name` of the binary at `path`, also kept in self.functions under `key`; None when
         the binary lacks it (a stale or foreign binary: its hash cannot tell)."""
         try:
-            self.functions[key] = self.generator.open(path, name)
+            function = self.functions[key] = self.generator.open(path, name)
         except AttributeError:
-            return False
-        return True
+            return None
+        return function
 
     def _open(self, kernel, key, report=None):
-        """Load a cached kernel into self.functions; False when its binary lacks the kernel. The
-        load is an event of `report` (a profile) when given."""
+        """A cached kernel, loaded (_opened); None when its binary lacks the kernel. The load is an
+        event of `report` (a profile) when given."""
         start = time.perf_counter()
         path = self.cache.find(key)
         if path is None:
             raise CompileError(f"kernel {kernel.name} vanished from the cache directory "
                                f"{self.cache.directory}")
-        if not self._opened(key, path, kernel.name):
-            return False
-        if report is not None:
+        function = self._opened(key, path, kernel.name)
+        if function is not None and report is not None:
             report.record("load", kernel.name, start, time.perf_counter() - start, path=path)
-        return True
+        return function
 
     def _compile(self, kernels, keys, described):
         """Compile new kernels: one batch per job, the jobs running at once. A batch's source

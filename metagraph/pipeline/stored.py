@@ -28,7 +28,7 @@ from metagraph.runtime.cache import CACHE_VERSION, write_atomic
 MIN_NODES = 64
 FORMAT = 3
 _TEXTS = {}          # signature number -> its content as text (numbers are never reused)
-_TEXTS_SIZE = 1 << 12         # (a cache of text made again cheaply: cleared when full)
+_TEXTS_SIZE = 1 << 14         # (a cache of text made again cheaply: cleared when full)
 
 
 @lru_cache(maxsize=1)

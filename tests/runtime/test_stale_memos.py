@@ -1,14 +1,14 @@
 """Memos keyed by shapes (composite templates, signature numbers, schedules and the kernels only they
-hold) forget what recent realisations did not use (ops/stale.py): a loop over new batch sizes keeps
-them bounded, whatever the number of sizes; a loop over the same shapes keeps all of its own, with
-more realisations an iteration than the sweep looks back over."""
+hold) forget what has not been used since their last sweep (ops/stale.py): a loop over new batch
+sizes keeps them bounded, whatever the number of sizes; a loop keeps its own entries, however many
+realisations an iteration makes, while new shapes keep coming and sweeps happen."""
 import numpy as np
 import pytest
 
 import metagraph as mg
 from metagraph import nn
 from metagraph.codegen.interpreter import NumpyBackend
-from metagraph.ops import node, recorded, stale
+from metagraph.ops import node, recorded
 from metagraph.ops.stale import Sweep
 from tests.runtime.test_runtime_extents import c_backend  # noqa: F401  (a fixture)
 
@@ -50,48 +50,45 @@ def test_a_loop_over_new_batch_sizes_keeps_bounded_memos(small_floors):
     per_size = counts[0]               # what one size adds to each memo
     floors = (recorded._SWEEP.floor, node._SWEEP.floor, small_floors.sweep.floor)
     for k, (each, floor) in enumerate(zip(per_size, floors)):
-        bound = 2 * max(floor, each * (stale.KEPT_REALISATIONS + 2))
+        bound = 3 * (floor + each)      # (ops/stale.py: H + 2 max(floor, H), and one size's)
         assert bound < each * len(sizes)        # (the test would notice memos that keep everything)
         assert max(count[k] for count in counts) <= bound, (k, [count[k] for count in counts])
     kept = {id(f) for entry in small_floors.schedules.values() for f in entry.functions}
     assert {id(f) for f in small_floors.functions.values()} <= kept     # kernels go with schedules
 
 
-def test_a_loop_over_the_same_shapes_records_and_lowers_once(small_floors):
+def test_a_loop_keeps_its_own_entries_while_new_shapes_sweep_the_memos(small_floors):
+    """Each iteration: a dozen realisations of one batch's graphs, then a batch of a new size (new
+    templates, numbers and schedules, so the memos keep being swept, each after fewer new entries
+    than an iteration makes). The loop's own templates and schedules are never made again."""
+    recorded._SWEEP, node._SWEEP, small_floors.sweep = Sweep(16), Sweep(48), Sweep(2)
     model = _model()
     x = mg.tensor(np.random.default_rng(0).standard_normal((3, 1, 6, 6)).astype(np.float32))
 
-    def iteration():        # more realisations than the sweep looks back over, each its own graph
+    def iteration(size):
         with mg.no_grad():
             y = model(x)
-            for k in range(stale.KEPT_REALISATIONS + 4):
-                (y[:, k % 5] * (k + 1)).sum().item()
-    iteration()
-    templates, schedules = dict(recorded._TEMPLATES), dict(small_floors.schedules)
-    signatures = {key: entry[0] for key, entry in node._SIGNATURES.items()}
-    for _ in range(3):
-        iteration()
-    assert recorded._TEMPLATES == templates             # the same Template objects: none recorded again
-    assert small_floors.schedules == schedules          # the same Schedules: none lowered again
-    assert {key: entry[0] for key, entry in node._SIGNATURES.items()} == signatures
+            for k in range(12):
+                (y.sum(), y.amax(), (y * y).sum())[k % 3].item()
+            model(mg.tensor(np.random.default_rng(size).standard_normal((size, 1, 6, 6))
+                            .astype(np.float32))).numpy()
+    iteration(4)
+    iteration(5)
+    templates = {key: t for key, t in recorded._TEMPLATES.items() if (3, 1, 6, 6) in _shapes(key)}
+    schedules = {key: entry for key, entry in small_floors.schedules.items() if entry.runs >= 2}
+    generations = recorded._SWEEP.generation, small_floors.sweep.generation
+    for size in range(6, 30):
+        iteration(size)
+    assert recorded._SWEEP.generation > generations[0] + 2 and small_floors.sweep.generation > generations[1] + 2
+    assert templates and all(recorded._TEMPLATES.get(key) is t for key, t in templates.items())
+    assert len(schedules) >= 3 and all(small_floors.schedules.get(key) is entry for key, entry in schedules.items())
 
 
-def test_the_schedules_run_last_stay_whatever_their_size(small_floors, monkeypatch):
-    """Beyond the node bound the least recently run schedules go, never the SCHEDULES_ALWAYS run
-    last: a loop's graphs larger than the bound are not lowered again at every realisation."""
-    from metagraph.pipeline import realize
-    monkeypatch.setattr(realize, "SCHEDULE_NODES", 1)        # every schedule is over it
-    small_floors.sweep = Sweep(10 ** 6)                      # (the bounds alone, here)
-    model = _model()
-    batches = [mg.tensor(np.random.default_rng(n).standard_normal((n, 1, 6, 6)).astype(np.float32))
-               for n in range(1, 13)]
-    for x in batches:
-        with mg.no_grad():
-            model(x).numpy()
-    assert len(small_floors.schedules) == realize.SCHEDULES_ALWAYS
-    kept = dict(small_floors.schedules)
-    for x in batches[-realize.SCHEDULES_ALWAYS:] * 2:
-        with mg.no_grad():
-            model(x).numpy()
-    assert small_floors.schedules == kept and all(a is b for a, b in zip(kept.values(),
-                                                                           small_floors.schedules.values()))
+def _shapes(key):
+    """The shapes a template's key describes (its arguments' (shape, dtype, ...) tuples)."""
+    found = set()
+    for part in key:
+        if isinstance(part, tuple):
+            found |= {part[0]} if part and isinstance(part[0], tuple) and all(type(n) is int for n in part[0]) \
+                else _shapes(part)
+    return found
