@@ -313,7 +313,7 @@ def fresh_id():
 _SIGNATURES = {}    # (op, attrs, shape, dtype) -> [its number, the sweep generation it was last looked up in]
 _signature_numbers = itertools.count(1)      # 0 would read as "not computed yet"
 SIGNATURE_TABLE_SIZE = 1 << 16               # a bound (the oldest dropped first), not the policy: _SWEEP
-_SWEEP = Sweep(4096)
+_SWEEP = Sweep(1024)
 
 
 def signature(node):

@@ -26,7 +26,7 @@ from metagraph.ops.stale import Sweep
 TEMPLATE_CACHE_SIZE = 8192       # templates at most, the oldest dropped first (a bound, not a policy)
 _TEMPLATES = {}        # call signature -> Template, or _CALL when the composite must be called
 _CALL = object()
-_SWEEP = Sweep(256)
+_SWEEP = Sweep(128)
 
 
 class _Unkeyable(Exception):

@@ -12,8 +12,12 @@ entries over and over holds at most H + 2 * max(floor, H) however many shapes pa
 `at` as large as what was kept, the entries a sweep keeps because they were just made raised the
 next `at`, and the memo grew by H at every sweep). An entry a loop uses every iteration stays as
 long as an iteration makes fewer than `at` new entries, however many realisations it makes; a
-loop that makes none never sweeps. (A limit by realisations, the first form of this, dropped the
-entries of a loop with more realisations an iteration than it looked back over.)
+loop that makes none never sweeps. A floor is a memo's least `at`: the new entries a loop over
+new shapes may make an iteration without its own going too (schedules 8, templates 128, signature
+numbers 1,024; a dropped signature gives its nodes a new number, so their graphs a new key).
+Lower floors hold less: S5f 1.09 at these, 1.08 at half of each. (A limit by realisations, the
+first form of this, dropped the entries of a loop with more realisations an iteration than it
+looked back over.)
 """
 
 

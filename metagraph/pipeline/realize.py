@@ -85,7 +85,7 @@ class Pipeline:
         self.functions = {}               # kernel key -> callable
         self.texts = {}                   # kernel key -> its source, one string however many schedules
                                           # hold it (a CNN over batch sizes 1..200 held 200 copies)
-        self.sweep = Sweep(16)            # of the schedules not run since the last sweep
+        self.sweep = Sweep(8)             # of the schedules not run since the last sweep
         self.tuner = Tuner(self)
         self.stored = ScheduleStore(self)
 
