@@ -13,7 +13,7 @@ built was built during the call, from its arguments, from constants or from each
 holds a value. A call that reads anything else (a buffer, a node it did not receive)
 is called again every time.
 
-Templates no recent realisation used are swept out (ops/stale.py).
+Templates not used since the last sweep of their table go at the next (ops/stale.py).
 """
 import functools
 from operator import itemgetter

@@ -239,8 +239,10 @@ class Pipeline:
         sources = [self.render([kernel]) for kernel in kernels]
         keys = [self.cache.key(source) for source in sources]
         sources = [self.texts.setdefault(key, source) for key, source in zip(keys, sources)]
-        loaded = {key: self.functions.get(key) for key in keys}   # (not read back from the table: a
-        wanted = list({key: i for i, key in enumerate(keys) if loaded[key] is None}.values())  # sweep prunes it)
+        # the kernels as this call finds or opens them (not read back from self.functions, which
+        # another thread's sweep may prune meanwhile)
+        loaded = {key: self.functions.get(key) for key in keys}
+        wanted = list({key: i for i, key in enumerate(keys) if loaded[key] is None}.values())
         missing = [i for i in wanted if self.cache.find(keys[i]) is None]
         described = {kernel.name: found for kernel, found in zip(kernels, origins)}
         self._compile([kernels[i] for i in missing], [keys[i] for i in missing], described)

@@ -82,9 +82,10 @@ def test_per_channel_values_broadcast_alike_at_a_batch_of_one(c_backend):
     model = nn.Sequential(nn.Conv2d(3, 24, 3, stride=2), nn.BatchNorm2d(24), nn.ReLU6(),
                           nn.Conv2d(24, 1280, 3), nn.BatchNorm2d(1280), nn.ReLU6(),   # (fusion.SMALL
                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(1280, 10)).eval()  # channels)
+    rng = np.random.default_rng(5)
     for bn in (model[1], model[4]):      # statistics of a trained model, not the initial 0 and 1
-        bn.running_mean.copy_(mg.tensor(np.random.default_rng(5).standard_normal(bn.num_features).astype(np.float32)))
-        bn.running_var.copy_(mg.tensor(np.random.default_rng(6).random(bn.num_features).astype(np.float32) + 0.5))
+        bn.running_mean.copy_(mg.tensor(rng.standard_normal(bn.num_features).astype(np.float32)))
+        bn.running_var.copy_(mg.tensor(rng.random(bn.num_features).astype(np.float32) + 0.5))
     compiles = _compiles_and_values(model, [_batch(n) for n in (1, 2, 3, 1, 6)])
     assert compiles[0] > 0 and compiles[1:] == [0, 0, 0, 0]
 

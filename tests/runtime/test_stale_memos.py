@@ -79,16 +79,21 @@ def test_a_loop_keeps_its_own_entries_while_new_shapes_sweep_the_memos(small_flo
     generations = recorded._SWEEP.generation, small_floors.sweep.generation
     for size in range(6, 30):
         iteration(size)
-    assert recorded._SWEEP.generation > generations[0] + 2 and small_floors.sweep.generation > generations[1] + 2
+    assert recorded._SWEEP.generation > generations[0] + 2          # (swept again and again)
+    assert small_floors.sweep.generation > generations[1] + 2
     assert templates and all(recorded._TEMPLATES.get(key) is t for key, t in templates.items())
-    assert len(schedules) >= 3 and all(small_floors.schedules.get(key) is entry for key, entry in schedules.items())
+    assert len(schedules) >= 3
+    assert all(small_floors.schedules.get(key) is entry for key, entry in schedules.items())
 
 
 def _shapes(key):
     """The shapes a template's key describes (its arguments' (shape, dtype, ...) tuples)."""
     found = set()
     for part in key:
-        if isinstance(part, tuple):
-            found |= {part[0]} if part and isinstance(part[0], tuple) and all(type(n) is int for n in part[0]) \
-                else _shapes(part)
+        if not isinstance(part, tuple):
+            continue
+        if part and isinstance(part[0], tuple) and all(type(n) is int for n in part[0]):
+            found.add(part[0])
+        else:
+            found |= _shapes(part)
     return found
