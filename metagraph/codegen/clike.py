@@ -37,6 +37,10 @@ OPS = {
 }
 # index ops (int64); divisions by the walker's choice of form (walker.division)
 INDEX = {op: f"({{0}} {op} {{1}})" for op in ("+", "-", "*", "<", "<=", "==", "!=", "&&", "||")}
+# two truth values (0 or 1) of which the second reads nothing and cannot fail: both evaluated, no
+# branch (GCC 12 made `a && b` control flow, the loads after it masked loads, and a strided masked
+# load kept the loop scalar: a 3x3/2 max pooling's tap search, 1.1 -> 0.3 ms)
+INDEX.update({("&&", "pure"): "({0} & {1})", ("||", "pure"): "({0} | {1})"})
 INDEX.update({"min": "(({0}) < ({1}) ? ({0}) : ({1}))", "max": "(({0}) > ({1}) ? ({0}) : ({1}))",
               ("//", "exact"): "({0} / {1})", ("%", "exact"): "({0} % {1})",
               ("//", "floor"): "mg_floordiv({0}, {1})", ("%", "floor"): "mg_floormod({0}, {1})",
@@ -45,10 +49,12 @@ INDEX.update({"min": "(({0}) < ({1}) ? ({0}) : ({1}))", "max": "(({0}) > ({1}) ?
 # conversions (walker.conversion's kinds): C's cast, to bool a test
 CASTS = ("extend", "narrow", "same", "to float", "to integer", "to narrow integer")
 CAST = {"nonzero": "({0} != 0)", **{kind: "(({type}){0})" for kind in CASTS}}
-# an accumulation's update (a statement)
-COMBINE = {"add": "{0} += {1};", "mul": "{0} *= {1};", "max": "if ({1} > {0}) {0} = {1};",
+# an accumulation's update (a statement). A max stores what it selects, never under an `if`: GCC 12
+# vectorises a select but not a conditional store to an array element (a register tile's row of a
+# max pooling: 1.0 ms as an `if`, 0.19 as a select)
+COMBINE = {"add": "{0} += {1};", "mul": "{0} *= {1};", "max": "{0} = {1} > {0} ? {1} : {0};",
            ("add", "bool"): "{0} |= {1};", ("mul", "bool"): "{0} &= {1};",
-           ("max", "float"): "if ({1} != {1} || {1} > {0}) {0} = {1};"}
+           ("max", "float"): "{0} = {1} != {1} || {1} > {0} ? {1} : {0};"}
 
 
 def scalar(value, dtype):

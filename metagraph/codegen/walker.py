@@ -203,8 +203,8 @@ class Walker:
         op = expr.op
         if op in ("&&", "||"):
             a = self.condition(expr.a)
-            if pure(expr.b):
-                return self.form(self.INDEX[op], a, self.condition(expr.b)), True
+            if pure(expr.b):        # (a table may give a form that evaluates both: no branch)
+                return self.form(self.INDEX.get((op, "pure"), self.INDEX[op]), a, self.condition(expr.b)), True
             return self.short_circuit(op, a, lambda: self.condition(expr.b)), True
         a, b = self.index(expr.a), self.index(expr.b)
         key = (op, division(expr, self.extents)) if op in ("//", "%") else op

@@ -63,6 +63,26 @@ def test_an_index_read_behind_a_condition_is_a_branch_in_ssa_and_short_circuit_i
     assert "((i0 < 3) && (p1[(0 + (i0 * 1))] < 2))" in c.render([kernel])
 
 
+def test_a_test_of_indices_alone_evaluates_both_sides_in_c_without_a_branch():
+    inside = binary("&&", binary("<=", Const(1), Var(0)), binary("<", Var(0), Const(3)))
+    params = [ir.Param("p0", dtypes.int64, (4,), True)]
+    kernel = ir.Kernel("k", params, [ir.Loop(0, 4, ir.PARALLEL, [
+        ir.Store(0, Var(0), ir.IndexValue(inside, dtypes.int64))])], {0: 4})
+    assert "((1 <= i0) & (i0 < 3))" in c.render([kernel])
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.int32])
+def test_a_max_into_an_array_element_is_a_select_not_a_conditional_store(dtype):
+    """GCC 12 vectorises the one, not the other (a register tile's row of maxima)."""
+    params = [ir.Param("p0", dtype, (8,), True), ir.Param("p1", dtype, (8, 4), False)]
+    update = ir.Accumulate("acc", "max", ir.Load(1, Var(0) * 4 + Var(1), dtype), Var(0))
+    kernel = ir.Kernel("k", params, [ir.Define("acc", dtype, -100, "max", 8), ir.Loop(1, 4, ir.REDUCE, [
+        ir.Loop(0, 8, ir.VECTOR, [update])]), ir.Loop(0, 8, ir.VECTOR, [
+            ir.Store(0, Var(0), ir.Ref("acc", dtype, Var(0)))])], {0: 8, 1: 4})
+    source = c.render([kernel])
+    assert "acc[i0] = " in source and "if (" not in source[source.index("void k("):]
+
+
 def _render_with(render, *tensors):
     from metagraph.compiler.graph import pending_graph
     from metagraph.compiler.lower import schedule
