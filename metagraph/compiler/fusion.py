@@ -167,8 +167,12 @@ def _repeats_rows(node, batch_rows):
 
 
 def _padded(node):
-    """Whether `node` is a view that reads outside its source (and gives its fill there)."""
-    if node.op != "reindex" or node.buffer is not None or node.attrs["checked"] or len(node.inputs) > 1:
+    """Whether `node` is a view that reads outside its source (and gives its fill there), of a
+    computed source: a constant's padded view is a test of the indices, cheaper to compute than to
+    read (a max pooling's padding mask, read as bytes with a stride, kept its tap search from
+    vectorising well: 0.79 -> 0.3 ms)."""
+    if node.op != "reindex" or node.buffer is not None or node.attrs["checked"] or len(node.inputs) > 1 \
+            or node.inputs[0].op in ("const", "index"):
         return False
     extents = dict(enumerate(node.shape))
     ranges = [value_range(expr, extents) for expr in node.attrs["index_map"]]

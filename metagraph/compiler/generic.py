@@ -244,9 +244,12 @@ def _addresses(s):
 
 def _reads_along(s):
     """Whether a statement reads under a condition, or an index tensor, anywhere (the C family
-    clamps a guarded strided load to its buffer's size, which would be the extent's)."""
+    clamps a guarded strided load to its buffer's size, which would be the extent's), or tests
+    the first dimension's variable (a guard that gives a constant where a test of the other
+    variables fails, a window's padding, holds for every extent)."""
     for v in ir.values(getattr(s, "value", None)):
-        if isinstance(v, ir.Guard):
+        if isinstance(v, ir.Guard) and (0 in variables(v.cond) or extras_used(v.cond) or
+                                        any(isinstance(u, ir.Load) for u in ir.values(v.value))):
             return True
         if isinstance(v, ir.Load) and (v.valid is not None or extras_used(v.index)):
             return True

@@ -105,6 +105,16 @@ def test_a_strided_pooling_window_over_a_small_plane_reads_a_padded_copy():
                    for v in values(steps[1].kernel.body))
 
 
+def test_a_padding_mask_is_a_test_of_the_indices_not_a_copy():
+    """Max pooling's gradient route finds each window's first maximum among the taps inside the
+    input: a padded view of a constant True. That view is computed where it is read (a test of the
+    indices), never copied into a buffer of its own, as a padded computed value is."""
+    x = mg.rand(2, 64, 16, 16, requires_grad=True)
+    steps = kernels(F.max_pool2d(x, 3, 2, 1))
+    assert not any(p.dtype == mg.bool for s in steps for p in s.kernel.params)
+    assert [s.kernel.name[0] for s in steps] == ["e", "r", "r", "r"]     # x padded, max, tap, value
+
+
 def test_expanding_view_of_an_expensive_value_is_materialised():
     x = mg.rand(2, 3, 16, 16)
     act = (x.exp() + 1).log().sqrt()

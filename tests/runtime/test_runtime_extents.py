@@ -132,6 +132,29 @@ def test_a_users_own_per_channel_view_from_a_batch_of_one(c_backend):
     assert _from_a_batch_of_one(_small_cnn(1100, False, "scale", nn.ReLU6), 4)[1:] == [0, 0]
 
 
+def test_max_pooling_and_its_gradient_route_take_the_batch_at_run_time(c_backend):
+    """The tap search tests the window's padding by its indices (the plane's, never the batch's):
+    still a kernel that takes the batch at run time. What stays per batch size is the gradient's
+    scatter into the input (a scatter has no generic form: compiler/generic.py)."""
+    mg.manual_seed(0)
+    scale, pool = mg.nn.Parameter(mg.rand(8, 1, 1) + 0.5), nn.MaxPool2d(3, 2, 1)
+    compiles = []
+    for n in (2, 3, 1, 6):
+        data = np.random.default_rng(n).standard_normal((n, 8, 9, 9)).astype(np.float32)
+        data[:, :, :3, :3] = -np.inf            # windows whose only maxima are -inf and padding
+        values = []
+        for realise in (lambda t: t.numpy(), lambda t: NumpyBackend().realize([t.node])[0]):
+            activation = mg.tensor(data) * scale
+            activation.retain_grad()
+            with mg.profile() as prof:
+                pool(activation).sum().backward()
+                values.append(realise(activation.grad))
+            compiles.append(prof.compiles)
+        np.testing.assert_array_equal(values[0], values[1])
+        assert values[0][:, :, 0, 0].min() == 1     # the first -inf inside, not the padding before it
+    assert compiles[2::2] == [1, 1, 1]
+
+
 def test_a_linear_layer_over_any_count_of_rows_shares_one_kernel(c_backend):
     """Rows in groups (a channel tile of 16, or rows jammed by 8), the last group clamped where they
     do not divide the count (blocks.jam), and a body scheduled for FEW rows below a group's: every
