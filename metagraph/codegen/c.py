@@ -86,6 +86,8 @@ class CRenderer(Renderer):
                 if acc.op == "max" and acc.dtype.is_float:
                     clauses.append(f"reduction(|:{name}_nan)")
             return " ".join(clauses)
+        if loop.kind == ir.SHARED_SUM:
+            return self.shared_sum(loop)
         if flags.NUM_THREADS < 2 or loop.kind != ir.PARALLEL:     # (a team of one costs 0.4 us a launch)
             return None
         threads = f"parallel for schedule(static) num_threads({flags.NUM_THREADS})"
@@ -93,6 +95,26 @@ class CRenderer(Renderer):
         if runtime is not None:     # worth threads at the run-time extent, maybe not at every one
             return f"{threads} if({runtime.extent!r} * {work(loop, runtime=1)} >= {PARALLEL_WORK})"
         return threads if worth_threads(loop) else None
+
+
+    def shared_sum(self, loop):
+        """Threads for a loop of sums (ir.SHARED_SUM) worth them: OpenMP's reduction clause gives
+        each thread its own copy of the accumulators the loop adds into (an array's as a section).
+        A loop not worth them keeps the pragma it has as a plain loop (a reduction's own: simd)."""
+        alone = self.pragma(ir.Loop(loop.var, loop.extent, ir.SERIAL if any(
+            isinstance(s, ir.Loop) for s in loop.body) else ir.REDUCE, loop.body))
+        if flags.NUM_THREADS < 2 or loop.extent < 2 or work(loop) < PARALLEL_WORK:
+            return alone
+        inner = {s.name for s in ir.statements(loop.body) if isinstance(s, ir.Define)}
+        names = dict.fromkeys(s.name for s in ir.statements(loop.body)
+                              if isinstance(s, ir.Accumulate) and s.name not in inner)
+        clauses = []
+        for name in names:
+            acc = self.accumulators[name]
+            section = "" if acc.size is None else f"[:{acc.size}]"
+            clauses.append(f"reduction({op_form(REDUCTION, 'add', acc.dtype)}:{name}{section})")
+        simd = " simd" if alone else ""
+        return f"parallel for{simd} schedule(static) num_threads({flags.NUM_THREADS}) {' '.join(clauses)}"
 
 
 _TEMPLATE = template("c.j2")
@@ -119,6 +141,7 @@ class CBackend(CompiledBackend):
     """Kernels as C, compiled by the system C compiler in batches, loaded through cffi."""
     name = "c"
     runtime_extents = True   # a kernel may take its outer extent at run time (compiler/generic.py)
+    shared_sums = True       # OpenMP's reduction clause (CRenderer.shared_sum)
     host_memory = True       # bfloat16 matmuls through codegen/bf16_gemm.py
 
     def __init__(self):

@@ -141,6 +141,7 @@ class CompiledBackend:
     memory = executor.HOST  # where kernels find their buffers (runtime/opencl.py: a device's memory)
     tunable = True          # tuning may time variants of its kernels on the run's host buffers
     runtime_extents = False     # kernels may take their outer extent at run time (compiler/generic.py)
+    shared_sums = False     # it runs a loop of sums (ir.SHARED_SUM) on threads: lowering marks them
 
     def __init__(self, cache):
         self.cache = cache                # runtime.cache.KernelCache
@@ -149,7 +150,8 @@ class CompiledBackend:
     def target(self):
         """What this backend offers lowering (compiler/lower.py)."""
         return Target(self.renders, self.accumulator_registers, self.read_slack, flags.NUM_THREADS,
-                      self.host_memory and bf16_gemm.available(), l2_bytes=l2_bytes())
+                      self.host_memory and bf16_gemm.available(), l2_bytes=l2_bytes(),
+                      shared_sums=self.shared_sums)
 
     # ---- what a code generator provides ---------------------------------------------------
     def render(self, kernels):

@@ -189,6 +189,10 @@ def index_expressions(v):
 # ---- statements ------------------------------------------------------------------------------
 
 PARALLEL, SERIAL, REDUCE, VECTOR = "parallel", "serial", "reduce", "vector"
+# A loop whose iterations write nothing but add into accumulators defined before it: threads may
+# share it, each adding into its own copy of them (from 0), the copies added in after it. A backend
+# that does not run it on threads runs it as a serial loop, in the same order.
+SHARED_SUM = "shared sum"
 
 
 @dataclass

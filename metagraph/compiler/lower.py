@@ -85,7 +85,8 @@ class Target:
     heuristic's order), and `steps` a reduction's whole schedule (schedule.Rewrite, applied to its
     plain nest instead of the heuristic's); tuning may vary them per kernel, and asks for the
     heuristic's neighbourhood (`search`: search.neighbours, kept on the Step). `l2_bytes`: a core's
-    second-level cache, which the heuristic sizes the copies it keeps there by."""
+    second-level cache, which the heuristic sizes the copies it keeps there by. `shared_sums`: it
+    runs an ir.SHARED_SUM loop on threads (rewrites.shared_sums marks them only for such a target)."""
     renders: frozenset = None
     registers: int = ACC_REGISTERS
     slack: int = 0
@@ -97,6 +98,7 @@ class Target:
     steps: tuple = None
     search: bool = False
     l2_bytes: int = 1 << 20
+    shared_sums: bool = False
 
 
 class _Refuse(Exception):
@@ -545,6 +547,8 @@ class _Lowering:
             shared = {self.root, *in_place}
             params = [replace(param, shared=True) if k in shared else param for k, param in self.params]
         body = hoist.hoisted(body, params)
+        if self.target.shared_sums:
+            body = rewrites.shared_sums(body, self.target.threads)
         kernel, outer = ir.Kernel(None, params, body, dict(self.extents)), None
         form = None
         if self.runtime_extents and kind in ("e", "r"):

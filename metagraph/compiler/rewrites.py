@@ -18,7 +18,10 @@ together exceed the cache. Split P into chunks, move the chunk loop inside Q and
 at Q: the panel is then copied once per chunk, contiguous, and read from L2 by every row block of
 the chunk. Matmul 2048^3 on one core re-read its right-hand side 256 times (66 GFLOP/s; 108 now).
 `unroll_and_jam` is in no rule yet (see docs/performance.md). The lane rule, which vectorises a
-reduction along its own loop, is in lanes.py and runs after these.
+reduction along its own loop, is in lanes.py and runs after these. `shared_sums` runs last: a
+kernel with no parallel loop as long as the thread count (a full sum, a sum over the rows of a few
+columns) shares the outermost loop of its sum among the threads (ir.SHARED_SUM), each adding into
+its own copy of the accumulators: a full sum of 4096x1024 ran on one core.
 """
 import math
 
@@ -198,7 +201,42 @@ def statements_in(body):
             yield s
 
 
+def share_sum(loop):
+    """The loop as an ir.SHARED_SUM (legal where `sums_only` holds)."""
+    return ir.Loop(loop.var, loop.extent, ir.SHARED_SUM, loop.body)
+
+
+def sums_only(loop, outside):
+    """Whether `loop` writes nothing but sums into accumulators of `outside` (name -> ir.Define, those
+    defined before it, each initialised to 0 and summing), and reads none of them: its iterations
+    may then add into copies of them, in any grouping."""
+    inner = {s.name for s in ir.statements(loop.body) if isinstance(s, ir.Define)}
+    summed = False
+    for s in ir.statements(loop.body):
+        if isinstance(s, (ir.Store, ir.ScatterAccumulate)) or isinstance(s, ir.Assign) and s.name not in inner:
+            return False
+        if isinstance(s, ir.Accumulate) and s.name not in inner:
+            define = outside.get(s.name)
+            if define is None or s.op != "add" or define.op != "add" or define.init != 0:
+                return False
+            summed = True
+        value = getattr(s, "value", None)
+        if value is not None and any(isinstance(v, ir.Ref) and v.name not in inner for v in ir.values(value)):
+            return False
+    return summed
+
+
 # ---- the rules ---------------------------------------------------------------------------------
+
+def shared_sums(body, threads):
+    """The kernel body with the outermost loops of its sums shared among the threads (module
+    docstring), where it has no parallel loop of `threads` iterations or more."""
+    if threads < 2 or any(isinstance(s, ir.Loop) and s.kind == ir.PARALLEL and s.extent >= threads for s in body):
+        return body
+    outside = {s.name: s for s in body if isinstance(s, ir.Define)}
+    return [share_sum(s) if isinstance(s, ir.Loop) and s.kind in (ir.SERIAL, ir.REDUCE) and
+            s.extent >= threads and sums_only(s, outside) else s for s in body]
+
 
 def scheduled(body, extents, params, threads):
     """The kernel body with the rules applied where they hold: threads first, then panels (lanes.py's

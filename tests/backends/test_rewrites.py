@@ -75,6 +75,9 @@ def _moves(body, extents, params):
             yield path, "merge", None
         if _legal(lambda: flat_rows.vectorise(loop, params)):
             yield path, "vectorise", None
+        outside = {d.name: d for d in body if isinstance(d, ir.Define)}
+        if len(path) == 1 and loop.kind in (ir.SERIAL, ir.REDUCE) and rewrites.sums_only(loop, outside):
+            yield path, "share_sum", None
 
 
 def _legal(apply):
@@ -158,7 +161,7 @@ def _random_rewrites(choices):
             make = {"split": lambda loop: rewrites.split(loop, argument, extents),
                     "merge": lambda loop: flat_rows.merge(loop, extents),
                     "vectorise": lambda loop: flat_rows.vectorise(loop, params),
-                    "interchange": rewrites.interchange,
+                    "interchange": rewrites.interchange, "share_sum": rewrites.share_sum,
                     "stage": lambda loop: rewrites.stage(loop, argument, extents, f"stage{n}")}[name]
             body = _applied(body, path, make)
         return body
@@ -320,6 +323,51 @@ def test_primitives_refuse_what_is_not_legal():
         lanes.lane_split(*tile, 8, 4, {0: 6, 1: 4})      # more lanes than the reduction has
     with pytest.raises(ValueError, match="do not fit"):
         lanes.lane_split(*tile, 2, 5, {0: 6, 1: 4})      # wider than the vector loop
+
+
+def _shared_sums(node, threads):
+    target = Target(threads=threads, shared_sums=True)
+    return [loop for step in schedule(pending_graph([node]), target) if step.kernel
+            for loop in step.kernel.body if isinstance(loop, ir.Loop) and loop.kind == ir.SHARED_SUM]
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+@pytest.mark.parametrize("build, shared", [
+    (lambda x: x.sum(), True),                      # a full sum: one output
+    (lambda x: x.sum(0), True),                     # columns summed down the rows: no parallel loop
+    (lambda x: x[:, :8].sum(0), True),              # a few columns: an accumulator array
+    (lambda x: x.sum(1), False),                    # a sum per row: the rows are the parallel loop
+    (lambda x: x.amax(), False),                    # a maximum: not a sum
+])
+def test_a_sum_without_a_parallel_loop_shares_its_outer_loop_among_the_threads(backend, build, shared):
+    x = mg.tensor(np.random.default_rng(7).standard_normal((512, 256)).astype(np.float32))
+    out = build(x).node
+    assert bool(_shared_sums(out, 2)) == shared and not _shared_sums(out, 1)
+    against_oracle(backend, [out])
+
+
+def test_c_gives_each_thread_its_own_copy_of_the_accumulators():
+    from metagraph.codegen import c
+    x = mg.tensor(np.random.default_rng(8).standard_normal((4096, 64)).astype(np.float32))     # (worth threads)
+    for node, clause in ((x.sum().node, "reduction(+:acc)"), (x[:, :8].sum(0).node, "reduction(+:acc[:8])")):
+        target = Target(threads=mg.flags.NUM_THREADS, shared_sums=True)
+        kernels = [step.kernel for step in schedule(pending_graph([node]), target)]
+        assert (clause in c.render(kernels)) == (mg.flags.NUM_THREADS > 1)
+
+
+def test_only_a_loop_that_only_sums_into_zeroed_accumulators_is_shared():
+    f32, one = mg.float32, ir.Scalar(1.0, mg.float32)
+    outside = {"acc": ir.Define("acc", f32, 0.0), "top": ir.Define("top", f32, -1e30, "max"),
+               "ones": ir.Define("ones", f32, 1.0)}
+    sums = ir.Loop(0, 8, ir.SERIAL, [ir.Define("part", f32, 0.0), ir.Loop(1, 4, ir.REDUCE, [
+        ir.Accumulate("part", "add", one)]), ir.Accumulate("acc", "add", ir.Ref("part", f32))])
+    assert rewrites.sums_only(sums, outside)
+    for body in ([ir.Accumulate("top", "max", one)],                      # not a sum
+                 [ir.Accumulate("ones", "add", one)],                     # not from 0
+                 [ir.Accumulate("acc", "add", ir.Ref("acc", f32))],       # reads the total so far
+                 [ir.Store(0, Var(0), one)],                              # writes memory
+                 [ir.Accumulate("elsewhere", "add", one)]):               # defined nowhere before it
+        assert not rewrites.sums_only(ir.Loop(0, 8, ir.SERIAL, body), outside)
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
