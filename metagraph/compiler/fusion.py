@@ -13,7 +13,8 @@ The rules, in the order they apply:
   end in one kernel, which then computes it once per position (`_computed_once`);
 - a computed value read through an expanding reindex (a broadcast or a window that reads each
   element several times: a 3x3 conv with K filters reads its input 9K times) is materialised
-  unless cost x reads per element <= EXPAND_BUDGET, or it has fewer than SMALL elements (a kernel
+  unless cost x reads per element <= EXPAND_BUDGET (reads along the row of a per-row value count
+  once: its reader computes it once per row, `_along_rows`), or it has fewer than SMALL elements (a kernel
   launch costs more than recomputing a scalar or a small batch's row statistics; a batch counted
   as at least NOMINAL rows where kernels take it at run time);
 - a padded view (a reindex that reads outside its source and fills there) read through an
@@ -29,12 +30,13 @@ The rules, in the order they apply:
 Cost: 1 per element-wise op, TRANSCENDENTAL_COST per transcendental, 0 for views and loads (and
 casts from float16 and bfloat16, which loads widen).
 """
+import math
 import sys
 
 from metagraph.compiler.generic import NOMINAL
 from metagraph.compiler.simplify import value_range
 from metagraph.dtypes import LOW_PRECISION
-from metagraph.expr import variables
+from metagraph.expr import Const, Var, variables
 from metagraph.ops.table import ELEMENTWISE, TABLE
 
 CHEAP_COST = 12        # recomputing a sigmoid beats writing it out and reading it back
@@ -109,7 +111,8 @@ def materialised(graph, batched=frozenset()):
             # average: a 3x3/2 max-pool over a 16x16 plane (1.9 reads) 5.4 -> 0.2 ms + 0.4 to copy
             repeated = _elements(node, True) if _repeats_rows(node, batch_rows) else node.numel
             ratio = repeated / max(node.inputs[0].numel, 1)
-            expensive = int(ratio) > 1 and cost[source] * int(ratio) > EXPAND_BUDGET
+            computed = int(ratio / _along_rows(node))     # (a value invariant along the row: once per row)
+            expensive = computed > 1 and cost[source] * computed > EXPAND_BUDGET
             elements = _elements(node.inputs[0], _pos(graph, node.inputs[0]) in batched)
             if elements >= SMALL and (expensive or (ratio > 1 and _padded(graph.nodes[source]))):
                 chosen.add(source)
@@ -164,6 +167,24 @@ def _repeats_rows(node, batch_rows):
     at a batch of one, and batch 2 compiled three kernels again)."""
     return node.ndim > 0 and node.shape[0] in batch_rows and len(node.inputs) == 1 and \
         all(0 not in variables(term) for term in node.attrs["index_map"])
+
+
+def _along_rows(node):
+    """How many times a view repeats each element of its input along its last dimensions, where
+    it repeats it only there (a per-row value broadcast along the row: 1 otherwise). Its reader's
+    loops along those dimensions are its innermost, so the value, invariant in them, is computed
+    once per row (the C compiler hoists it; a row prologue's rsqrt(var + eps) in layer norm was
+    copied out for 1,024 rows or more: three kernels, three passes over the input)."""
+    index_map, source = node.attrs["index_map"], node.inputs[0]
+    if len(node.inputs) > 1 or source.ndim != node.ndim:
+        return 1
+    kept = 0
+    while kept < node.ndim and index_map[kept] == Var(kept):
+        kept += 1
+    trailing = range(kept, node.ndim)
+    if not all(index_map[d] == Const(0) and source.shape[d] == 1 for d in trailing):
+        return 1
+    return max(1, math.prod(node.shape[d] for d in trailing))
 
 
 def _padded(node):

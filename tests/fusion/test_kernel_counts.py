@@ -65,6 +65,21 @@ def test_row_softmax_is_one_kernel():
     assert len(steps) == 1
 
 
+@pytest.mark.parametrize("rows", [64, 1023, 1024, 8192])
+def test_layer_norm_is_one_kernel_over_any_number_of_rows(rows):
+    """Its mean and variance are row prologues, and rsqrt(var + eps), a per-row value broadcast
+    along the row, is computed once per row where it is read, however many rows there are (it was
+    copied out from SMALL rows on: three kernels)."""
+    w = mg.rand(256)
+    assert len(kernels(F.layer_norm(mg.rand(rows, 256), (256,), w, w))) == 1
+
+
+def test_a_costly_value_broadcast_over_leading_dimensions_is_still_copied_out():
+    """Only repeats along a value's own row are free: across rows it would be computed again."""
+    per_column = (mg.rand(1, 2048).exp() + 1).log().sqrt()
+    assert len(kernels(per_column * mg.rand(64, 2048))) == 2
+
+
 def test_views_never_materialise():
     x = mg.rand(4, 6, 8)
     y = x.permute(2, 0, 1)[1:, ::2].reshape(7, -1).flip(0) * 2
