@@ -202,9 +202,14 @@ class Walker:
             return self.convert(self.element(expr.index, offset), param.dtype, dtypes.int64), False
         op = expr.op
         if op in ("&&", "||"):
-            a = self.condition(expr.a)
-            if pure(expr.b):        # (a table may give a form that evaluates both: no branch)
-                return self.form(self.INDEX.get((op, "pure"), self.INDEX[op]), a, self.condition(expr.b)), True
+            a, truth = self._index(expr.a)
+            a = a if truth else self.truth(a)
+            if pure(expr.b):
+                b, both = self._index(expr.b)
+                # two truth values (0 or 1), the second pure: a table may give a form that
+                # evaluates both, with no branch (an integer operand keeps the logical form)
+                form = self.INDEX.get((op, "pure")) if truth and both else None
+                return self.form(form or self.INDEX[op], a, b if both else self.truth(b)), True
             return self.short_circuit(op, a, lambda: self.condition(expr.b)), True
         a, b = self.index(expr.a), self.index(expr.b)
         key = (op, division(expr, self.extents)) if op in ("//", "%") else op

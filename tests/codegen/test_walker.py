@@ -71,6 +71,20 @@ def test_a_test_of_indices_alone_evaluates_both_sides_in_c_without_a_branch():
     assert "((1 <= i0) & (i0 < 3))" in c.render([kernel])
 
 
+@pytest.mark.parametrize("exprs", [["i0", "i1 if (i0 and i1) else 0"], ["i0", "i0 or i1"],
+                                   ["i0", "i1 if ((i1 % 3) and (i0 % 2)) else 9"]])
+@pytest.mark.parametrize("backend", ["c", "llvm", "opencl", "bang"])
+def test_a_logical_test_of_integers_is_not_a_bitwise_one(backend, exprs):
+    """`2 and 1` is true: only two truth values may be combined bit by bit."""
+    needs(backend)
+    x = np.arange(40, dtype=np.float32).reshape(4, 10)
+    values = []
+    for name in ("numpy", backend):
+        mg.set_backend(name)
+        values.append(mg.reindex(mg.tensor(x), (4, 10), exprs, overflow_value=-1.0).numpy())
+    np.testing.assert_array_equal(values[0], values[1])
+
+
 @pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.int32])
 def test_a_max_into_an_array_element_is_a_select_not_a_conditional_store(dtype):
     """GCC 12 vectorises the one, not the other (a register tile's row of maxima)."""
