@@ -101,8 +101,8 @@ class CRenderer(Renderer):
         """Threads for a loop of sums (ir.SHARED_SUM) worth them: OpenMP's reduction clause gives
         each thread its own copy of the accumulators the loop adds into (an array's as a section).
         A loop not worth them keeps the pragma it has as a plain loop (a reduction's own: simd)."""
-        alone = self.pragma(ir.Loop(loop.var, loop.extent, ir.SERIAL if any(
-            isinstance(s, ir.Loop) for s in loop.body) else ir.REDUCE, loop.body))
+        own = all(isinstance(s, ir.Accumulate) and s.index is None for s in loop.body)   # a reduction's own
+        alone = self.pragma(ir.Loop(loop.var, loop.extent, ir.REDUCE if own else ir.SERIAL, loop.body))
         if flags.NUM_THREADS < 2 or loop.extent < 2 or work(loop) < PARALLEL_WORK:
             return alone
         inner = {s.name for s in ir.statements(loop.body) if isinstance(s, ir.Define)}
