@@ -213,7 +213,8 @@ def sums_only(loop, outside):
     inner = {s.name for s in ir.statements(loop.body) if isinstance(s, ir.Define)}
     summed = False
     for s in ir.statements(loop.body):
-        if isinstance(s, (ir.Store, ir.ScatterAccumulate)) or isinstance(s, ir.Assign) and s.name not in inner:
+        if isinstance(s, (ir.Store, ir.ScatterAccumulate)) or \
+                isinstance(s, ir.Assign) and s.name not in inner:
             return False
         if isinstance(s, ir.Accumulate) and s.name not in inner:
             define = outside.get(s.name)
@@ -231,7 +232,8 @@ def sums_only(loop, outside):
 def shared_sums(body, threads):
     """The kernel body with the outermost loops of its sums shared among the threads (module
     docstring), where it has no parallel loop of `threads` iterations or more."""
-    if threads < 2 or any(isinstance(s, ir.Loop) and s.kind == ir.PARALLEL and s.extent >= threads for s in body):
+    if threads < 2 or any(isinstance(s, ir.Loop) and s.kind == ir.PARALLEL and s.extent >= threads
+                          for s in body):
         return body
     outside = {s.name: s for s in body if isinstance(s, ir.Define)}
     return [share_sum(s) if isinstance(s, ir.Loop) and s.kind in (ir.SERIAL, ir.REDUCE) and
