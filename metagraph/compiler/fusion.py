@@ -13,8 +13,9 @@ The rules, in the order they apply:
   end in one kernel, which then computes it once per position (`_computed_once`);
 - a computed value read through an expanding reindex (a broadcast or a window that reads each
   element several times: a 3x3 conv with K filters reads its input 9K times) is materialised
-  unless cost x reads per element <= EXPAND_BUDGET (reads along the row of a per-row value count
-  once: its reader computes it once per row, `_along_rows`), or it has fewer than SMALL elements (a kernel
+  unless cost x reads per element <= EXPAND_BUDGET (reads along the row of a cheap per-row value
+  count once: its reader computes it once per row, `_along_rows`; where a reshape is read so, the
+  value it reshapes is the one materialised, `_reshaped`), or it has fewer than SMALL elements (a kernel
   launch costs more than recomputing a scalar or a small batch's row statistics; a batch counted
   as at least NOMINAL rows where kernels take it at run time);
 - a padded view (a reindex that reads outside its source and fills there) read through an
@@ -28,15 +29,16 @@ The rules, in the order they apply:
 - a chain of inlined nodes deeper than MAX_DEPTH is cut (bounded compile time and stack), counted
   through the shared values a kernel computes once (which a long relu chain is made of).
 Cost: 1 per element-wise op, TRANSCENDENTAL_COST per transcendental, 0 for views and loads (and
-casts from float16 and bfloat16, which loads widen).
+casts from float16 and bfloat16, which loads widen, and ops on constants alone, which the C
+compiler folds: a mean's 1 / n).
 """
 import math
 import sys
 
 from metagraph.compiler.generic import NOMINAL
-from metagraph.compiler.simplify import value_range
+from metagraph.compiler.simplify import substitute, value_range
 from metagraph.dtypes import LOW_PRECISION
-from metagraph.expr import Const, Var, variables
+from metagraph.expr import Const, Var, linear_terms, variables
 from metagraph.ops.table import ELEMENTWISE, TABLE
 
 CHEAP_COST = 12        # recomputing a sigmoid beats writing it out and reading it back
@@ -80,7 +82,7 @@ def materialised(graph, batched=frozenset()):
             chosen.update(_pos(graph, extra) for extra in node.inputs[1:] if extra.buffer is None)
             if node.op == "reindex" and len(node.inputs) > 1 and batched:
                 chosen.add(k)       # a gather: the kernels reading it stay generic (generic.py)
-    cost, depth, shared = [0] * len(graph.nodes), [0] * len(graph.nodes), set()
+    cost, depth, shared, constant = [0] * len(graph.nodes), [0] * len(graph.nodes), set(), set()
     batch_rows = {graph.nodes[k].shape[0] for k in batched}       # the batch's first extents
     for k, node in enumerate(graph.nodes):
         if node.buffer is not None or k in chosen or node.op in ("const", "index"):
@@ -92,7 +94,9 @@ def materialised(graph, batched=frozenset()):
             continue
         cost[k] = sum(cost[_pos(graph, source)] for source in node.inputs)
         if TABLE[node.op].kind == ELEMENTWISE:
-            if not (node.op == "cast" and node.inputs[0].dtype in LOW_PRECISION):
+            if all(source.op == "const" or source.id in constant for source in node.inputs):
+                constant.add(node.id)       # (of constants only: the C compiler folds it, cost 0)
+            elif not (node.op == "cast" and node.inputs[0].dtype in LOW_PRECISION):
                 # (widening a float16 or bfloat16 value is part of its load: compiler/decompose.py)
                 cost[k] += TRANSCENDENTAL_COST if node.op in TRANSCENDENTAL else 1
             if consumers[k] > 1 and cost[k] > CHEAP_COST:
@@ -111,10 +115,14 @@ def materialised(graph, batched=frozenset()):
             # average: a 3x3/2 max-pool over a 16x16 plane (1.9 reads) 5.4 -> 0.2 ms + 0.4 to copy
             repeated = _elements(node, True) if _repeats_rows(node, batch_rows) else node.numel
             ratio = repeated / max(node.inputs[0].numel, 1)
-            computed = int(ratio / _along_rows(node))     # (a value invariant along the row: once per row)
+            # a cheap value invariant along the row is computed once per row (a reader that runs
+            # across rows computes it per element: at most CHEAP_COST, as a cheap fan-out does)
+            computed = int(ratio / (_along_rows(node) if cost[source] <= CHEAP_COST else 1))
             expensive = computed > 1 and cost[source] * computed > EXPAND_BUDGET
             elements = _elements(node.inputs[0], _pos(graph, node.inputs[0]) in batched)
             if elements >= SMALL and (expensive or (ratio > 1 and _padded(graph.nodes[source]))):
+                while expensive and _reshaped(graph.nodes[source]):     # (the value, not its reshape)
+                    source = _pos(graph, graph.nodes[source].inputs[0])
                 chosen.add(source)
                 cost[k] = 0
     return chosen - _computed_once(graph, chosen, shared)
@@ -185,6 +193,28 @@ def _along_rows(node):
     if not all(index_map[d] == Const(0) and source.shape[d] == 1 for d in trailing):
         return 1
     return max(1, math.prod(node.shape[d] for d in trailing))
+
+
+def _reshaped(node):
+    """Whether `node` is a reshape: a view that reads its input's elements in their own order (its
+    flat index is the input's). Where a broadcast reads one expensively, its input is copied out,
+    not the view: the same values, and a batch of one (whose broadcast is no view at all, so that
+    the reshape itself is read expanded) copies out the same value as every other batch."""
+    if node.op != "reindex" or node.buffer is not None or len(node.inputs) > 1 or node.attrs["checked"] \
+            or node.numel != node.inputs[0].numel or node.inputs[0].buffer is not None:
+        return False
+    source, index_map = node.inputs[0], node.attrs["index_map"]
+
+    def flat(terms_and_sizes):
+        total, stride = Const(0), 1
+        for expr, size in reversed(terms_and_sizes):
+            if size != 1:
+                total = total + expr * stride
+            stride *= size
+        return linear_terms(total)
+    at = {d: Const(0) if size == 1 else Var(d) for d, size in enumerate(node.shape)}   # (dims of one: 0)
+    read = flat([(substitute(e, at), size) for e, size in zip(index_map, source.shape)])
+    return read == flat([(Var(d), size) for d, size in enumerate(node.shape)])
 
 
 def _padded(node):

@@ -75,9 +75,17 @@ def test_layer_norm_is_one_kernel_over_any_number_of_rows(rows):
 
 
 def test_a_costly_value_broadcast_over_leading_dimensions_is_still_copied_out():
-    """Only repeats along a value's own row are free: across rows it would be computed again."""
+    """Only repeats along a cheap value's own row are free: across rows it would be computed
+    again, and so would a costly per-row value read by a reader that runs across the rows."""
     per_column = (mg.rand(1, 2048).exp() + 1).log().sqrt()
     assert len(kernels(per_column * mg.rand(64, 2048))) == 2
+    x = mg.rand(2048, 64)
+    per_row = (x.sum(1, keepdim=True).exp() + 1).log().sqrt()
+    steps = kernels((x * per_row).T + 0.5)
+    assert [s.kernel.name[0] for s in steps] == ["r", "e"]      # the row's value with its sum,
+    transposed = [v for s in ir.statements(steps[1].kernel.body) if getattr(s, "value", None) is not None
+                  for v in ir.values(s.value)]
+    assert not any(isinstance(v, ir.Apply) and v.op in ("exp2", "log2", "sqrt") for v in transposed)
 
 
 def test_views_never_materialise():
