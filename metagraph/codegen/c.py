@@ -96,7 +96,6 @@ class CRenderer(Renderer):
             return f"{threads} if({runtime.extent!r} * {work(loop, runtime=1)} >= {PARALLEL_WORK})"
         return threads if worth_threads(loop) else None
 
-
     def shared_sum(self, loop):
         """Threads for a loop of sums (ir.SHARED_SUM) worth them: OpenMP's reduction clause gives
         each thread its own copy of the accumulators the loop adds into (an array's as a section).

@@ -221,7 +221,7 @@ def _padded(node):
     """Whether `node` is a view that reads outside its source (and gives its fill there), of a
     computed source: a constant's padded view is a test of the indices, cheaper to compute than to
     read (a max pooling's padding mask, read as bytes with a stride, kept its tap search from
-    vectorising well: 0.79 -> 0.3 ms)."""
+    vectorising well: 0.79 -> 0.63 ms)."""
     if node.op != "reindex" or node.buffer is not None or node.attrs["checked"] or len(node.inputs) > 1 \
             or node.inputs[0].op in ("const", "index"):
         return False
