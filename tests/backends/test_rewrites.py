@@ -348,7 +348,7 @@ def test_a_sum_without_a_parallel_loop_shares_its_outer_loop_among_the_threads(b
 
 def test_c_gives_each_thread_its_own_copy_of_the_accumulators():
     from metagraph.codegen import c
-    x = mg.tensor(np.random.default_rng(8).standard_normal((4096, 64)).astype(np.float32))     # (worth threads)
+    x = mg.tensor(np.random.default_rng(8).standard_normal((4096, 64)).astype(np.float32))  # worth threads
     for node, clause in ((x.sum().node, "reduction(+:acc)"), (x[:, :8].sum(0).node, "reduction(+:acc[:8])")):
         target = Target(threads=mg.flags.NUM_THREADS, shared_sums=True)
         kernels = [step.kernel for step in schedule(pending_graph([node]), target)]
