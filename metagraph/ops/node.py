@@ -8,6 +8,7 @@ import contextvars
 import itertools
 import sys
 from contextlib import contextmanager
+from operator import itemgetter
 
 from metagraph.errors import _PACKAGE_DIR, PROGRAM_FILES, DeviceError, at
 from metagraph.ops.stale import Sweep
@@ -338,10 +339,7 @@ def signature(node):
 def _make_room():
     """Sweep the signatures not looked up since the last sweep when it is due; keep the bound."""
     if _SWEEP.due():
-        current = _SWEEP.generation
-        for stale in [described for described, (_, used) in list(_SIGNATURES.items()) if used != current]:
-            _SIGNATURES.pop(stale, None)
-        _SWEEP.done(len(_SIGNATURES))
+        _SWEEP.prune(_SIGNATURES, itemgetter(1))
     if len(_SIGNATURES) >= SIGNATURE_TABLE_SIZE:
         _SIGNATURES.pop(next(iter(_SIGNATURES)))
 

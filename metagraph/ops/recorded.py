@@ -92,11 +92,8 @@ def recorded_rule(rule, name):
 
 def _remember(key, template):
     """Put a new template in the table, first sweeping out the stale ones when it is due."""
-    if _SWEEP.due():
-        current = _SWEEP.generation
-        for stale in [k for k, t in list(_TEMPLATES.items()) if t is _CALL or t.used != current]:
-            _TEMPLATES.pop(stale, None)     # (a call that cannot be recorded is tried again: cheap)
-        _SWEEP.done(len(_TEMPLATES))
+    if _SWEEP.due():       # (a call that cannot be recorded goes too, and is tried again: cheap)
+        _SWEEP.prune(_TEMPLATES, lambda t: None if t is _CALL else t.used)
     if len(_TEMPLATES) >= TEMPLATE_CACHE_SIZE:
         _TEMPLATES.pop(next(iter(_TEMPLATES)))
     if template is not _CALL:

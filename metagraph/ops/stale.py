@@ -40,3 +40,11 @@ class Sweep:
         self.at = max(self.floor, kept // 2)
         self.made = 1                      # (the entry about to join)
         self.generation += 1
+
+    def prune(self, table, stamp):
+        """Sweep `table` (a dict) in place: drop each entry whose `stamp(value)` is not the current
+        generation (in place: other threads may be reading it), then begin the next generation."""
+        current = self.generation
+        for key in [key for key, value in list(table.items()) if stamp(value) != current]:
+            table.pop(key, None)
+        self.done(len(table))

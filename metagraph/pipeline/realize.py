@@ -13,6 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from operator import attrgetter
 
 import numpy as np
 
@@ -138,10 +139,7 @@ class Pipeline:
         """Drop the schedules not run again since the last sweep, and the kernels and sources only
         they held (their binaries stay mapped: SharedObjects). In place: other threads may be
         reading the tables (a kernel another thread is loading is looked up in `load`'s own dict)."""
-        current = self.sweep.generation
-        for key in [key for key, entry in list(self.schedules.items()) if entry.used != current]:
-            self.schedules.pop(key, None)
-        self.sweep.done(len(self.schedules))
+        self.sweep.prune(self.schedules, attrgetter("used"))
         kept = list(self.schedules.values())
         functions = {id(function) for entry in kept for function in entry.functions}
         sources = {id(source) for entry in kept for source in entry.sources}
