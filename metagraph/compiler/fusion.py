@@ -36,9 +36,9 @@ import math
 import sys
 
 from metagraph.compiler.generic import NOMINAL
-from metagraph.compiler.simplify import substitute, value_range
+from metagraph.compiler.simplify import value_range
 from metagraph.dtypes import LOW_PRECISION
-from metagraph.expr import Const, Var, linear_terms, variables
+from metagraph.expr import Const, Var, reshape_map, variables
 from metagraph.ops.table import ELEMENTWISE, TABLE
 
 CHEAP_COST = 12        # recomputing a sigmoid beats writing it out and reading it back
@@ -196,25 +196,13 @@ def _along_rows(node):
 
 
 def _reshaped(node):
-    """Whether `node` is a reshape: a view that reads its input's elements in their own order (its
-    flat index is the input's). Where a broadcast reads one expensively, its input is copied out,
+    """Whether `node` is a reshape (its map is ops.movement.reshape_map's): it reads its input's
+    elements in their own order. Where a broadcast reads one expensively, its input is copied out,
     not the view: the same values, and a batch of one (whose broadcast is no view at all, so that
     the reshape itself is read expanded) copies out the same value as every other batch."""
-    if node.op != "reindex" or node.buffer is not None or len(node.inputs) > 1 or node.attrs["checked"] \
-            or node.numel != node.inputs[0].numel or node.inputs[0].buffer is not None:
-        return False
-    source, index_map = node.inputs[0], node.attrs["index_map"]
-
-    def flat(terms_and_sizes):
-        total, stride = Const(0), 1
-        for expr, size in reversed(terms_and_sizes):
-            if size != 1:
-                total = total + expr * stride
-            stride *= size
-        return linear_terms(total)
-    at = {d: Const(0) if size == 1 else Var(d) for d, size in enumerate(node.shape)}   # (dims of one: 0)
-    read = flat([(substitute(e, at), size) for e, size in zip(index_map, source.shape)])
-    return read == flat([(Var(d), size) for d, size in enumerate(node.shape)])
+    return node.op == "reindex" and node.buffer is None and len(node.inputs) == 1 and \
+        not node.attrs["checked"] and node.inputs[0].buffer is None and \
+        tuple(node.attrs["index_map"]) == tuple(reshape_map(node.inputs[0].shape, node.shape))
 
 
 def _padded(node):

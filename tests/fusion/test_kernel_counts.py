@@ -1,6 +1,8 @@
 """How many kernels a computation takes: fusion's behaviour, pinned down."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import metagraph as mg
 from tests.helpers import needs
@@ -86,6 +88,23 @@ def test_a_costly_value_broadcast_over_leading_dimensions_is_still_copied_out():
     transposed = [v for s in ir.statements(steps[1].kernel.body) if getattr(s, "value", None) is not None
                   for v in ir.values(s.value)]
     assert not any(isinstance(v, ir.Apply) and v.op in ("exp2", "log2", "sqrt") for v in transposed)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), data=st.data())
+def test_a_reshape_is_told_from_the_other_views(shape, data):
+    """fusion._reshaped: any reshape of a computed value is one; a permutation that reorders the
+    dimensions longer than one, a slice and a flip are not."""
+    from metagraph.compiler.fusion import _reshaped
+    x = mg.rand(*shape) * 2.0
+    view = x.reshape(*data.draw(st.permutations(shape + [1]), label="reshaped to")).node
+    assert view.op != "reindex" or _reshaped(view)
+    order = data.draw(st.permutations(range(len(shape))), label="order")
+    view = x.permute(*order).node
+    reordered = [d for d in order if shape[d] > 1] != [d for d in range(len(shape)) if shape[d] > 1]
+    assert not (reordered and _reshaped(view))
+    if shape[0] > 1:
+        assert not _reshaped(x[1:].node) and not _reshaped(x.flip(0).node)
 
 
 def test_views_never_materialise():
