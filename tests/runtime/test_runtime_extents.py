@@ -233,7 +233,7 @@ def test_training_with_a_last_smaller_batch_matches_the_oracle(c_backend):
 
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(ops=st.lists(st.sampled_from(["relu", "rowsum", "matmul", "transpose", "scale", "softmax", "pad", "linear",
-                                     "flip", "shift", "square"]), min_size=1, max_size=4),
+                                     "flip", "shift", "square", "edge"]), min_size=1, max_size=4),
        sizes=st.lists(st.integers(1, 40), min_size=3, max_size=5))
 def test_random_graphs_over_changing_leading_extents_keep_the_values(ops, sizes):
     """The same structure over several leading extents, below and above a group's rows (a linear
@@ -261,6 +261,8 @@ def test_random_graphs_over_changing_leading_extents_keep_the_values(ops, sizes)
                 h = F.softmax(h, -1)
             elif op == "pad":
                 h = F.pad(h, (1, 1))
+            elif op == "edge":           # a constant's padded view: a test of the other indices
+                h = h * F.pad(mg.ones(*h.shape[1:]), (1, 0))[..., :h.shape[-1]]
             elif op == "linear":         # (n, 24) @ (24, 24): rows in groups from 16 on
                 flat = h.reshape(n, -1)
                 flat = flat[:, :24] if flat.shape[1] >= 24 else F.pad(flat, (0, 24 - flat.shape[1]))
