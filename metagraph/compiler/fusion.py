@@ -196,13 +196,19 @@ def _along_rows(node):
 
 
 def _reshaped(node):
-    """Whether `node` is a reshape (its map is ops.movement.reshape_map's): it reads its input's
-    elements in their own order. Where a broadcast reads one expensively, its input is copied out,
+    """Whether `node` is a reshape that only adds or drops dimensions of one (its map is
+    expr.reshape_map's, and plain variables and zeros): it reads its input's elements in their own
+    order, at the same offsets. Where a broadcast reads one expensively, its input is copied out,
     not the view: the same values, and a batch of one (whose broadcast is no view at all, so that
-    the reshape itself is read expanded) copies out the same value as every other batch."""
-    return node.op == "reindex" and node.buffer is None and len(node.inputs) == 1 and \
-        not node.attrs["checked"] and node.inputs[0].buffer is None and \
-        tuple(node.attrs["index_map"]) == tuple(reshape_map(node.inputs[0].shape, node.shape))
+    the reshape itself is read expanded) copies out the same value as every other batch. (A reshape
+    that splits or merges dimensions is copied out as it is: a contraction reads its operand whole,
+    and reading one through // and % is not lowered everywhere.)"""
+    if node.op != "reindex" or node.buffer is not None or len(node.inputs) > 1 or node.attrs["checked"] \
+            or node.inputs[0].buffer is not None:
+        return False
+    index_map = tuple(node.attrs["index_map"])
+    return all(isinstance(e, (Var, Const)) for e in index_map) and \
+        index_map == tuple(reshape_map(node.inputs[0].shape, node.shape))
 
 
 def _padded(node):
