@@ -110,7 +110,8 @@ def _recipe(g, shape, index_map, apply):
     record = _Recorder(apply, [source for source, _ in factors])
     phased = _phased(loop, scatter, factors, shape)
     if phased is None:
-        summed = _gathered(loop, scatter, factors, tuple(shape), record)
+        summed = _gathered(loop, scatter, factors, tuple(shape), record) or \
+            _summed_first(loop, scatter, factors, tuple(shape), record)
         return None if summed is None else _Recipe(record.made)
     phases, target, back = phased
     placed = None
@@ -153,6 +154,26 @@ def _gathered(loop, scatter, factors, shape, apply):
              for source, parts in factors]
     product = apply("mul", *views)
     return apply("reduce", product, op="add", axes=tuple(range(len(shape), len(new_loop))), keepdim=False)
+
+
+def _summed_first(loop, scatter, factors, shape, apply):
+    """The scatter of a strided window's short rows, the loop variables no target dimension reads
+    (a convolution's output channels) summed first: a contraction with no tap wasted, then a
+    scatter of k / s taps per input row, which lowering makes a gather (compiler/gather.py).
+    Summed inside the scatter, each input element ran every output row and channel for the taps
+    that add (ResNet-18's 3x3 stride-2 input gradient over 8x8 planes: 2.1 ms a step, bs 32);
+    summed first, (n, oh, ow, taps) is written once and read back k^2 / s^2 times. None where
+    every loop variable is read by the target."""
+    read = {v for terms, _ in scatter for v in terms if loop[v] > 1}     # (a 1-wide one is 0)
+    free = tuple(v for v in range(len(loop)) if v not in read)
+    if not any(loop[v] > 1 for v in free):
+        return None
+    views = [_view(apply, source, loop, [_expression(part) for part in parts]) for source, parts in factors]
+    summed = apply("reduce", apply("mul", *views), op="add", axes=free, keepdim=False)
+    kept = {v: k for k, v in enumerate(v for v in range(len(loop)) if v in read)}
+    index_map = tuple(_expression(({kept[v]: c for v, c in terms.items() if v in read}, const))
+                      for terms, const in scatter)
+    return apply("reindex_reduce", summed, op="add", shape=shape, index_map=index_map, checked=False)
 
 
 def _phased(loop, scatter, factors, shape):
