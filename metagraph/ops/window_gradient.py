@@ -162,16 +162,23 @@ def _summed_first(loop, scatter, factors, shape, apply):
     scatter of k / s taps per input row, which lowering makes a gather (compiler/gather.py).
     Summed inside the scatter, each input element ran every output row and channel for the taps
     that add (ResNet-18's 3x3 stride-2 input gradient over 8x8 planes: 2.1 ms a step, bs 32);
-    summed first, (n, oh, ow, taps) is written once and read back k^2 / s^2 times. None where
-    every loop variable is read by the target."""
+    summed first, (n, oh, ow, taps) is written once and read back k^2 / s^2 times. The sum is laid
+    out as a convolution's output, the variables read at the stride (the output rows) last, so
+    that it is scheduled as one (the plane along the vector). None where every loop variable is
+    read by the target."""
     read = {v for terms, _ in scatter for v in terms if loop[v] > 1}     # (a 1-wide one is 0)
-    free = tuple(v for v in range(len(loop)) if v not in read)
+    free = [v for v in range(len(loop)) if v not in read]
     if not any(loop[v] > 1 for v in free):
         return None
-    views = [_view(apply, source, loop, [_expression(part) for part in parts]) for source, parts in factors]
-    summed = apply("reduce", apply("mul", *views), op="add", axes=free, keepdim=False)
-    kept = {v: k for k, v in enumerate(v for v in range(len(loop)) if v in read)}
-    index_map = tuple(_expression(({kept[v]: c for v, c in terms.items() if v in read}, const))
+    strided = {v for terms, _ in scatter for v, c in terms.items() if abs(c) > 1}
+    order = sorted(read, key=lambda v: (v in strided, v)) + free
+    at = {v: k for k, v in enumerate(order)}
+    old = {v: ({at[v]: 1}, 0) for v in range(len(loop))}
+    views = [_view(apply, source, [loop[v] for v in order], [_expression(_composed(part, old)) for part in parts])
+             for source, parts in factors]
+    summed = apply("reduce", apply("mul", *views), op="add", axes=tuple(range(len(read), len(loop))),
+                   keepdim=False)
+    index_map = tuple(_expression(({at[v]: c for v, c in terms.items() if v in read}, const))
                       for terms, const in scatter)
     return apply("reindex_reduce", summed, op="add", shape=shape, index_map=index_map, checked=False)
 
