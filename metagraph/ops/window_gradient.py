@@ -19,9 +19,11 @@ reach it, so that T' = i + w + c // s reads i at unit stride and the gather abov
 per phase, each placed at its phase and read back at the input's positions by a view (a 3x3
 stride-2 conv's input gradient over (32, 64, 32, 32): 324 ms as a scatter, 14 as one sum over
 every phase with the taps past the window read as zeros, 16 products for 9; ResNet-18's three at
-224^2, 45.7 ms that way and 19.5 as a sum per phase). Anything else (a dilated strided window,
-whose tap is read at 2 * u; a map that is not a sum of loop variables; a factor that is not a plain
-view) keeps the scatter, which lowering turns into a gather of its own (compiler/gather.py).
+224^2, 45.7 ms that way and 19.5 as a sum per phase). Rows too short for phases that the gather
+cannot solve, and dilated strided windows (whose tap is read at 2 * u), sum the output channels
+first and scatter the taps after (`_summed_first`). Anything else (a map that is not a sum of loop
+variables; a factor that is not a plain view) keeps the scatter, which lowering turns into a gather
+of its own (compiler/gather.py).
 """
 import itertools
 import weakref
@@ -31,12 +33,12 @@ from metagraph.expr import Const, Var, linear_terms
 from metagraph.ops.node import Node, signature
 
 RECIPE_CACHE_SIZE = 4096
-# A strided window's short rows are left to the scatter, or the gather lowering makes of it (which
-# runs every output row for the ~k / s taps that add, at most this many times as many;
-# compiler/gather.py): on ResNet-18's 8x8, 4x4 and 2x2 planes they ran 4.1 ms a step where phases
-# ran 5.2, phased rows too short to vectorise (a 1x1 window's input gradient over 2x2 planes: 1.3
-# ms phased, 0.05 scattered; with a sum per phase, ResNet-18's 32^2 step is no faster with every
-# row phased). Longer rows are phased.
+# A strided window's short rows are not phased: they are gathered where the taps outnumber the rows,
+# else summed over the channels first and scattered (`_summed_first`; lowering makes the scatter a
+# gather, which runs every output row for the ~k / s taps that add, at most this many times as
+# many: compiler/gather.py). Phased, ResNet-18's 8x8, 4x4 and 2x2 planes ran 5.2 ms a step where a
+# gather with the channels inside ran 4.1, phased rows too short to vectorise (a 1x1 window's input
+# gradient over 2x2 planes: 1.3 ms phased, 0.05 scattered). Longer rows are phased.
 GATHER_WASTE_MAX = 3
 _RECIPES = {}           # the nodes' signatures and the map -> _Recipe, or None where it does not apply
 _MADE = weakref.WeakKeyDictionary()     # a window gradient (its sum, or its read-back) -> (g, index_map)
@@ -162,19 +164,22 @@ def _summed_first(loop, scatter, factors, shape, apply):
     scatter of k / s taps per input row, which lowering makes a gather (compiler/gather.py).
     Summed inside the scatter, each input element ran every output row and channel for the taps
     that add (ResNet-18's 3x3 stride-2 input gradient over 8x8 planes: 2.1 ms a step, bs 32);
-    summed first, (n, oh, ow, taps) is written once and read back k^2 / s^2 times. The sum is laid
-    out as a convolution's output, the variables read at the stride (the output rows) last, so
-    that it is scheduled as one (the plane along the vector). None where every loop variable is
-    read by the target."""
+    summed first, (n, c, taps, oh, ow) is written once and read back k^2 / s^2 times. The sum is
+    laid out as a convolution's output, the output rows last (each window dimension's variable read
+    at the stride), so that it is scheduled as one: the plane along the vector. None where every
+    loop variable is read by the target."""
     read = {v for terms, _ in scatter for v in terms if loop[v] > 1}     # (a 1-wide one is 0)
     free = [v for v in range(len(loop)) if v not in read]
     if not any(loop[v] > 1 for v in free):
         return None
-    strided = {v for terms, _ in scatter for v, c in terms.items() if abs(c) > 1}
-    order = sorted(read, key=lambda v: (v in strided, v)) + free
+    # a window dimension's row: its variable of the largest coefficient (the stride), the widest of those
+    rows = {max(kept, key=lambda v: (abs(terms[v]), loop[v]))
+            for terms, _ in scatter for kept in [[v for v in terms if v in read]] if len(kept) > 1}
+    order = sorted(read, key=lambda v: (v in rows, v)) + free
     at = {v: k for k, v in enumerate(order)}
     old = {v: ({at[v]: 1}, 0) for v in range(len(loop))}
-    views = [_view(apply, source, [loop[v] for v in order], [_expression(_composed(part, old)) for part in parts])
+    ordered = [loop[v] for v in order]
+    views = [_view(apply, source, ordered, [_expression(_composed(part, old)) for part in parts])
              for source, parts in factors]
     summed = apply("reduce", apply("mul", *views), op="add", axes=tuple(range(len(read), len(loop))),
                    keepdim=False)

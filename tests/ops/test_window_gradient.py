@@ -81,3 +81,26 @@ def test_a_strided_dilated_input_gradient_keeps_the_scatter():
     _, _, ops = _gradients(rng.standard_normal((1, 2, 12, 12)), rng.standard_normal((2, 2, 3, 3)),
                            dict(stride=2, padding=2, dilation=2))
     assert "reindex_reduce" in ops
+
+
+@pytest.mark.parametrize("x_shape, conv", [((2, 6, 8, 8), dict(stride=2, padding=1)),
+                                           ((1, 5, 7, 5), dict(stride=2, padding=1)),
+                                           ((1, 2, 12, 12), dict(stride=2, padding=2, dilation=2))])
+def test_short_strided_rows_sum_the_channels_before_scattering_the_taps(x_shape, conv):
+    """Rows too short for phases (or a dilated strided window): the scatter reads a sum over the
+    output channels, laid out (batch, input channels, taps, output rows), never the product itself."""
+    rng = np.random.default_rng(4)
+    x = mg.tensor(rng.standard_normal(x_shape), requires_grad=True)
+    w = mg.tensor(rng.standard_normal((7, x_shape[1], 3, 3)), requires_grad=True)
+    out = F.conv2d(x, w, **conv)
+    (gx,) = mg.grad((out * mg.tensor(rng.standard_normal(out.shape))).sum(), [x])
+    stack, scatters = [gx.node], []
+    while stack:
+        node = stack.pop()
+        scatters += [node] if node.op == "reindex_reduce" else []
+        stack.extend(node.inputs)
+    assert scatters and all(s.inputs[0].op == "reduce" for s in scatters)
+    summed = scatters[0].inputs[0]
+    laid_out = x_shape[:2] + (3, 3) + out.shape[-2:]
+    assert summed.shape == tuple(size for size in laid_out if size > 1)       # (a 1-wide one is 0)
+    assert summed.inputs[0].shape[-1] == 7      # the output channels, summed
