@@ -41,11 +41,12 @@ def _restore_backend():
 
 @pytest.fixture(autouse=True)
 def _fresh_backward_templates(monkeypatch):
-    """No backward pass recorded in one test is replayed in another: tests replace gradient rules
-    (a replay would give the rules' graph from before)."""
-    from metagraph.ops import recorded_backward
+    """No backward pass or gradient rule recorded in one test is replayed in another: tests replace
+    gradient rules (a replay would give the rules' graph from before)."""
+    from metagraph.ops import recorded, recorded_backward
     monkeypatch.setattr(recorded_backward, "_TEMPLATES", {})
     monkeypatch.setattr(recorded_backward, "_SEEN", {})
+    monkeypatch.setattr(recorded, "_TEMPLATES", {})
 
 
 def pytest_sessionfinish(session):

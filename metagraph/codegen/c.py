@@ -13,7 +13,7 @@ from metagraph.codegen.compiled import PARALLEL_WORK, CompiledBackend, template,
 from metagraph.compiler.generic import OUTER, RuntimeExtent, runtime_loop
 from metagraph.codegen.toolchain import SharedObjects, compile_shared, probe_vector_math, toolchain_identity
 from metagraph.codegen.walker import op_form
-from metagraph.compiler import ir
+from metagraph.compiler import ir, prefetch
 from metagraph.runtime.cache import KernelCache
 
 # the c backend's types (bang's and opencl's renderers keep CTYPE): float16 is its bits, as bfloat16 is.
@@ -62,10 +62,16 @@ class CRenderer(Renderer):
         return narrow
 
     def loop(self, s, names):
-        """A loop's view; a parallel loop over a run-time extent shares its threads with the loop
-        right inside it (`collapse(2)`), where that loop is all its body: a kernel scheduled for
-        NOMINAL rows (compiler/generic.py) runs on every core at a batch of one too."""
+        """A loop's view. A reduction loop's body starts with the prefetches of what it reads a few
+        iterations ahead (compiler/prefetch.py). A parallel loop over a run-time extent shares its
+        threads with the loop right inside it (`collapse(2)`), where that loop is all its body: a
+        kernel scheduled for NOMINAL rows (compiler/generic.py) runs on every core at a batch of
+        one too."""
         view = super().loop(s, names)
+        fetches = prefetch.ahead(s, self.params) if view["kind"] == "loop" else []
+        if fetches:         # (sums and products of variables: their text needs no statements)
+            lines = [f"__builtin_prefetch(&p{param}[{self.index(index)}], 0, 3);" for param, index in fetches]
+            view["body"] = [{"kind": "lines", "lines": lines}] + view["body"]
         inner = view["body"][0] if view["kind"] == "loop" and len(view["body"]) == 1 else None
         if (view.get("pragma") or "").startswith("parallel") and isinstance(s.extent, RuntimeExtent) and \
                 inner is not None and inner["kind"] == "loop" and not (inner["before"] or inner["after"] or

@@ -12,7 +12,7 @@ from metagraph.codegen.compiled import CompiledBackend, local_only, template, th
 from metagraph.codegen.llvm_ops import CAST, COMBINE, FLOAT_SUFFIX, INDEX, LTYPE, NARROW, OPS, WIDEN, constant
 from metagraph.codegen.llvm_toolchain import Toolchain
 from metagraph.codegen.walker import Walker, op_form
-from metagraph.compiler import ir
+from metagraph.compiler import ir, prefetch
 from metagraph.expr import Var
 from metagraph.runtime.cache import KernelCache
 
@@ -152,9 +152,15 @@ class Renderer(Walker):
         node = {"kind": "loop", "n": n, "var": var, "start": start, "end": end or str(s.extent),
                 "before": self.block, "enter": end is not None}
         saved, self.vars[s.var] = self.vars.get(s.var), var
-        node["body"] = self.apart(f"%loop{n}", lambda: self.each(s.body))[0]
+        node["body"] = self.apart(f"%loop{n}", lambda: self.fetch_ahead(s) or self.each(s.body))[0]
         self.lines.append(node)
         self.vars[s.var], self.block = saved, f"%done{n}"
+
+    def fetch_ahead(self, s):
+        """Prefetches of the lines a reduction loop reads a few iterations ahead (compiler/prefetch.py)."""
+        for param, index in prefetch.ahead(s, self.params):
+            address, _ = self.address(param, self.index(index))
+            self.emit(f"call void @llvm.prefetch.p0(ptr {address}, i32 0, i32 3, i32 1)")
 
     def each(self, statements):
         for s in statements:
