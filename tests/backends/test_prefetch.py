@@ -48,6 +48,15 @@ def test_a_load_a_page_apart_per_iteration_is_fetched_ahead_over_the_loops_insid
         assert all(b - a <= 16 for a, b in zip(addresses, addresses[1:]))     # every line between
 
 
+def test_a_group_may_span_a_line_per_iteration_of_the_loops_inside():
+    # a weight gradient's plane: 8x8 inner iterations read 78 floats (5 lines) 25 KiB apart
+    plane = ir.Load(1, Var(1) * 6400 + Var(2) * 10 + Var(3), F32)
+    loop = ir.Loop(1, 32, ir.REDUCE, [ir.Loop(2, 8, ir.REDUCE, [ir.Loop(3, 8, ir.REDUCE, [
+        ir.Accumulate("acc", "add", plane)])])])
+    params = [PARAMS[0], ir.Param("x", F32, (32 * 6400,), False)]
+    assert len(prefetch.ahead(loop, params)) == 6     # offsets 0, 16, ..., 64 and the last, 77
+
+
 @pytest.mark.parametrize("load", [ir.Load(2, Var(1) * 64, F32),                      # 256 bytes apart
                                   ir.Load(1, Var(1) * 2304, F32, valid=Binary("<", Var(1), 60)),  # guarded
                                   ir.Load(1, Var(1) * 2304 + Var(2) * 1000, F32)])    # 63 lines wide
