@@ -162,12 +162,12 @@ def _summed_first(loop, scatter, factors, shape, apply):
     """The scatter the gather above cannot solve (a strided window's short rows, a dilated strided
     window), the loop variables no target dimension reads (a convolution's output channels) summed
     first: a contraction with no tap wasted, then a scatter of k / s taps per input row, which
-    lowering makes a gather (compiler/gather.py). Summed inside the scatter, each input element ran every output row and channel for the taps
-    that add (ResNet-18's 3x3 stride-2 input gradient over 8x8 planes: 2.1 ms a step, bs 32);
-    summed first, (n, c, taps, oh, ow) is written once and read back k^2 / s^2 times. The sum is
-    laid out as a convolution's output, the output rows last (each window dimension's variable read
-    at the stride), so that it is scheduled as one: the plane along the vector. None where every
-    loop variable is read by the target."""
+    lowering makes a gather (compiler/gather.py). Summed inside the scatter, each input element
+    ran every output row and channel for the taps that add (ResNet-18's 3x3 stride-2 input
+    gradient over 8x8 planes: 2.1 ms a step, bs 32); summed first, (n, c, taps, oh, ow) is written
+    once and read back k^2 / s^2 times. The sum is laid out as a convolution's output, the output
+    rows last (each window dimension's variable read at the stride), so that it is scheduled as
+    one: the plane along the vector. None where every loop variable is read by the target."""
     read = {v for terms, _ in scatter for v in terms if loop[v] > 1}     # (a 1-wide one is 0)
     free = [v for v in range(len(loop)) if v not in read]
     if not any(loop[v] > 1 for v in free):
