@@ -9,8 +9,9 @@ input gradient over 2x2 planes ran 0.92 ms a call there and 0.27 ms when called 
 `ahead(loop, params)` names what to fetch: for each such load (grouped by parameter and the part
 of its index outside the loop), the lines its iteration DISTANCE ahead will read, over every value
 of the loops inside (the taps of a window, a weight gradient's plane), when they span at most
-LINES_MAX lines or one per iteration of the loops inside. Only plain loads: a guarded one may have
-no address where its guard fails.
+LINES_MAX lines or one per iteration of the loops inside, LINES_MOST at most, in a loop of more
+than twice DISTANCE iterations. Only plain loads: a guarded one may have no address where its guard
+fails.
 
 Not a rewrite: a prefetch changes no value and no loop. A code generator that can emits them at
 the start of a reduction loop's body (C: __builtin_prefetch, LLVM: llvm.prefetch); the others
@@ -26,14 +27,16 @@ STRIDE_MIN = 4096    # bytes a load moves per iteration from which it is fetched
 DISTANCE = 4         # iterations ahead
 LINE = 64            # bytes in a cache line
 LINES_MAX = 4        # lines a group of loads may span per iteration, or one per iteration of the loops
-                     # inside where they run more (more: not fetched, the fetches would cost more)
+LINES_MOST = 16      # inside where they run more, but never more than this (more: not fetched, the
+                     # fetches would cost more than they save: a 7x7 stem's weight gradient fetched
+                     # 100 lines of its 229-wide rows, 3 of them per iteration of the loop)
 
 
 def ahead(loop, params):
     """[(param, index expression)] to prefetch at the start of each iteration of the REDUCE loop
     `loop`, the first element of each line (each an element the loop reads at a later iteration,
     or the last iteration's); [] for none."""
-    if loop.kind != ir.REDUCE or isinstance(loop.extent, RuntimeExtent) or loop.extent <= DISTANCE:
+    if loop.kind != ir.REDUCE or isinstance(loop.extent, RuntimeExtent) or loop.extent <= 2 * DISTANCE:
         return []
     inner = {s.var: s.extent for s in ir.statements(loop.body) if isinstance(s, ir.Loop)}
     iterations = math.prod(inner.values())      # of the loops inside, per iteration (at least)
@@ -54,7 +57,7 @@ def ahead(loop, params):
     fetches = []
     for (param, outside), (low, high) in groups.items():
         per_line = max(1, LINE // params[param].dtype.itemsize)
-        if (high - low) // per_line + 1 > max(LINES_MAX, iterations):
+        if (high - low) // per_line + 1 > min(LINES_MOST, max(LINES_MAX, iterations)):
             continue
         base = None
         for v, c in outside:

@@ -57,6 +57,20 @@ def test_a_group_may_span_a_line_per_iteration_of_the_loops_inside():
     assert len(prefetch.ahead(loop, params)) == 6     # offsets 0, 16, ..., 64 and the last, 77
 
 
+def test_no_more_than_lines_most_and_no_short_loop():
+    # 64 inner iterations reading 20 lines 25 KiB apart: more than LINES_MOST, not fetched
+    wide = ir.Load(1, Var(1) * 6400 + Var(2) * 40 + Var(3), F32)
+    params = [PARAMS[0], ir.Param("x", F32, (32 * 6400,), False)]
+
+    def loop(extent):
+        return ir.Loop(1, extent, ir.REDUCE, [ir.Loop(2, 8, ir.REDUCE, [ir.Loop(3, 8, ir.REDUCE, [
+            ir.Accumulate("acc", "add", wide)])])])
+    assert prefetch.ahead(loop(32), params) == []
+    narrow = ir.Load(1, Var(1) * 6400, F32)
+    assert prefetch.ahead(ir.Loop(1, 2 * prefetch.DISTANCE, ir.REDUCE, [ir.Accumulate("acc", "add", narrow)]),
+                          params) == []       # a loop this short has nothing to fetch ahead for
+
+
 @pytest.mark.parametrize("load", [ir.Load(2, Var(1) * 64, F32),                      # 256 bytes apart
                                   ir.Load(1, Var(1) * 2304, F32, valid=Binary("<", Var(1), 60)),  # guarded
                                   ir.Load(1, Var(1) * 2304 + Var(2) * 1000, F32)])    # 63 lines wide
