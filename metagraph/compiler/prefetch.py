@@ -39,7 +39,8 @@ def ahead(loop, params):
     if loop.kind != ir.REDUCE or isinstance(loop.extent, RuntimeExtent) or loop.extent <= 2 * DISTANCE:
         return []
     inner = {s.var: s.extent for s in ir.statements(loop.body) if isinstance(s, ir.Loop)}
-    iterations = math.prod(inner.values())      # of the loops inside, per iteration (at least)
+    # iterations of the loops inside, per iteration of this one (they nest, as a reduction's do)
+    iterations = math.prod(inner.values())
     groups = {}         # (param, the index's terms outside the loops inside) -> lowest, highest offset
     for load in _plain_loads(loop.body):
         terms, const = linear_terms(load.index)

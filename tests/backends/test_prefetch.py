@@ -1,7 +1,12 @@
 """Software prefetches (compiler/prefetch.py): which lines a reduction loop fetches ahead, and that the
 C and LLVM code generators emit them without changing a value."""
+import itertools
+import os
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import metagraph as mg
 import metagraph.nn.functional as F
@@ -35,6 +40,41 @@ def _evaluate(expr, env):
         a, b = _evaluate(expr.a, env), _evaluate(expr.b, env)
         return {"+": a + b, "-": a - b, "*": a * b, "min": min(a, b)}[expr.op]
     return expr.value
+
+
+_LOAD = st.tuples(st.sampled_from([0, 1, 3]),                              # var 0's coefficient
+                  st.sampled_from([-2304, -1100, 1, 64, 999, 1024, 2304, 2999]),   # the loop's
+                  st.lists(st.integers(-6, 6), min_size=2, max_size=2),      # the inner loops'
+                  st.integers(0, 40), st.booleans())                        # constant, guarded
+
+
+@settings(max_examples=int(os.environ.get("METAGRAPH_HYPOTHESIS_EXAMPLES", 25)), deadline=None)
+@given(extent=st.integers(6, 30), inner=st.lists(st.integers(1, 9), min_size=2, max_size=2),
+       loads=st.lists(_LOAD, min_size=1, max_size=4))
+def test_every_fetched_address_is_between_two_the_loop_reads_ahead(extent, inner, loads):
+    """Random reduction nests (variable 0 outside, 1 the loop, 2 and 3 inside it; loads with random
+    coefficients, some a page or more apart, some guarded): each fetched address, at every
+    iteration, lies between the lowest and highest element of its parameter that the iteration
+    DISTANCE ahead (or the last) reads. So it is inside the buffer, which LLVM's inbounds needs."""
+    values, reads = [], {}
+    for k, (c0, c1, (c2, c3), const, guarded) in enumerate(loads):
+        terms = {0: c0, 1: c1, 2: c2, 3: c3}
+        extents = {0: 3, 1: extent, 2: inner[0], 3: inner[1]}
+        low = const + sum(c * (extents[v] - 1) for v, c in terms.items() if c < 0)
+        index = Var(0) * c0 + Var(1) * c1 + Var(2) * c2 + Var(3) * c3 + (const - low)     # from 0
+        values.append(ir.Load(k, index, F32, valid=Binary("<", Var(2), 5) if guarded else None))
+        reads[k] = (index, extents)
+    params = [ir.Param(f"p{k}", F32, (10 ** 6,), False) for k in range(len(loads))]
+    product = values[0] if len(values) == 1 else ir.Apply("mul", tuple(values), F32)
+    loop = ir.Loop(1, extent, ir.REDUCE, [ir.Loop(2, inner[0], ir.REDUCE, [ir.Loop(3, inner[1], ir.REDUCE, [
+        ir.Accumulate("acc", "add", product)])])])
+    for param, index in prefetch.ahead(loop, params):
+        read, extents = reads[param]
+        for v0, i in itertools.product(range(3), range(extent)):
+            later = min(i + prefetch.DISTANCE, extent - 1)
+            touched = [_evaluate(read, {0: v0, 1: later, 2: a, 3: b})
+                       for a, b in itertools.product(range(extents[2]), range(extents[3]))]
+            assert min(touched) <= _evaluate(index, {0: v0, 1: i}) <= max(touched)
 
 
 def test_a_load_a_page_apart_per_iteration_is_fetched_ahead_over_the_loops_inside():
