@@ -172,9 +172,11 @@ def _summed_first(loop, scatter, factors, shape, apply):
     free = [v for v in range(len(loop)) if v not in read]
     if not any(loop[v] > 1 for v in free):
         return None
-    # a window dimension's row: its variable of the largest coefficient (the stride), the widest of those
-    rows = {max(kept, key=lambda v: (abs(terms[v]), loop[v]))
-            for terms, _ in scatter for kept in [[v for v in terms if v in read]] if len(kept) > 1}
+    rows = set()        # each window dimension's row: its variable of the largest coefficient (the
+    for terms, _ in scatter:        # stride), the widest of those
+        kept = [v for v in terms if v in read]
+        if len(kept) > 1:
+            rows.add(max(kept, key=lambda v: (abs(terms[v]), loop[v])))
     order = sorted(read, key=lambda v: (v in rows, v)) + free
     at = {v: k for k, v in enumerate(order)}
     old = {v: ({at[v]: 1}, 0) for v in range(len(loop))}
