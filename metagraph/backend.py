@@ -116,12 +116,15 @@ def realize(nodes):
     pending = [node for node in nodes if node.buffer is None]
     if len(pending) > 1:
         pending = list({node.id: node for node in pending}.values())     # each node once
-    if not pending:
+    elif not pending:
         return
     if _active is None:
         get_backend()
     if PENDING_COPIES:
         _make_copies(pending)
+    elif len(pending) == 1 and pending[0].device not in DEVICE_BACKENDS and not flags.DEBUG:
+        pending[0].set_buffer(_active.realize(pending)[0])      # (the most common call: one value)
+        return
     groups = {}         # by the backend of their device (None: the active one)
     for node in pending:
         if node.buffer is None:

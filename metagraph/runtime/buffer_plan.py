@@ -53,9 +53,13 @@ class Layout:
         arrays = sorted(shared_arrays(pooled, dropped, replay) + [[p] for p in placed
                                                             if p not in dropped and p not in pooled],
                         key=lambda shared: born[shared[0]])
-        # per array: (its values' slots, shape, numpy dtype, the value that keeps it or None)
+        # per array: (its values' slots, shape, numpy dtype, the value that keeps it or None, whether
+        # its slack must come zeroed: a value of it is computed by a step launched from Python; the
+        # native loop zeroes the slack of each value it computes itself)
+        python_values = {replay.outputs_of[i] for i in replay.python_steps}
         self.allocations = [(tuple(slot_of[p] for p in shared), *replay.values[shared[-1]][:2],
-                             None if shared[-1] in dropped else shared[-1]) for shared in arrays]
+                             None if shared[-1] in dropped else shared[-1],
+                             any(p in python_values for p in shared)) for shared in arrays]
         self.allocation_of = {p: j for j, shared in enumerate(arrays) for p in shared}
         self.first_value = [shared[0] for shared in arrays]       # (named by an allocation that fails)
         self.segments = _segments(len(steps), replay.python_steps, [born[shared[0]] for shared in arrays])
@@ -71,8 +75,7 @@ class Layout:
             starts.append(len(argument_slots))
         self.arg_start = ffi.new("int64_t[]", starts)
         self.arg_slot = ffi.new("int64_t[]", argument_slots)
-        self.slack_at = ffi.new("int64_t[]", [replay.values[p][2] if p in self.offsets else -1
-                                              for p in replay.outputs_of])
+        self.slack_at = ffi.new("int64_t[]", [replay.values[p][2] for p in replay.outputs_of])
         self.plan = ffi.new("metagraph_plan *", {     # (its arrays are this object's and replay's)
             "kernels": replay.kernels, "arg_start": self.arg_start, "arg_slot": self.arg_slot,
             "slack_at": self.slack_at, "count": self.slot_count, "slack": executor.SLACK_BYTES})

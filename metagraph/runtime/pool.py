@@ -42,13 +42,16 @@ class Pool:
         self.generation = 0
         self.lock = threading.Lock()
 
-    def take(self, shape, dtype, slack=0):
-        """An uninitialised array of `shape` and numpy `dtype`, followed by `slack` zero bytes
-        (a multiple of the itemsize)."""
+    def take(self, shape, dtype, slack=0, zero_tail=True):
+        """An uninitialised array of `shape` and numpy `dtype`, followed by `slack` bytes (a
+        multiple of the itemsize), zero unless `zero_tail` is False: the replay loop zeroes them
+        itself before the kernel that writes the array runs. A small array is then not zeroed at
+        all; one zeroed whole was also cold in the cache of the core that did not zero it (a
+        64x64 matmul's output at two threads: 0.5 us more in the kernel)."""
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize + slack
         if nbytes <= ZEROED_MAX:
-            return np.ndarray(shape, dtype, np.zeros(nbytes, np.uint8))
+            return np.ndarray(shape, dtype, np.zeros(nbytes, np.uint8) if zero_tail else np.empty(nbytes, np.uint8))
         if nbytes >= POOLED_MIN:
             size = (nbytes, slack)
             with self.lock:
@@ -66,7 +69,7 @@ class Pool:
                 ref = weakref.ref(out, self._give_back)
                 self.lent[id(ref)] = (ref, size, raw)
                 return out
-        return np.ndarray(shape, dtype, _zero_tailed(nbytes, slack))
+        return np.ndarray(shape, dtype, _zero_tailed(nbytes, slack if zero_tail else 0))
 
     def references(self, raw, slack):
         """How many references this pool holds to `raw`, the byte array under an array it handed
@@ -120,6 +123,8 @@ class Pool:
         durable: a loop over batch sizes 1..30 (ResNet-18 inference) held every size's buffers, 90
         -> 310 MiB of RSS."""
         self.generation += 1
+        if not self.once and self.generation % SWEEP_EVERY:     # (most realisations: nothing to do)
+            return
         with self.lock:
             for size, last in list(self.once.items()):
                 if last < self.generation - 1:

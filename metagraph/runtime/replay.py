@@ -47,8 +47,9 @@ LOOP_SOURCE = r"""
 typedef void (*metagraph_kernel)(char **, int64_t *);
 
 /* What a buffer plan's runs share (one per runtime/buffer_plan.Layout): step i's arguments are
-   slots[arg_slot[arg_start[i] .. arg_start[i + 1])]; an output placed in the arena has its slack
-   zeroed first (slack_at: where it begins, or -1); `count` slots precede the error word. */
+   slots[arg_slot[arg_start[i] .. arg_start[i + 1])]; its output has its slack zeroed first
+   (slack_at: where it begins), since its memory held other values before or came from malloc
+   uninitialised; `count` slots precede the error word. */
 typedef struct {
     metagraph_kernel *kernels;
     const int64_t *arg_start, *arg_slot, *slack_at;
@@ -68,8 +69,7 @@ int64_t metagraph_replay(int64_t first, int64_t last, const metagraph_plan *plan
             continue;
         for (int64_t a = arg_start[i], j = 0; a < arg_start[i + 1]; a++, j++)
             args[j] = slots[arg_slot[a]];
-        if (plan->slack_at[i] >= 0)
-            memset(args[0] + plan->slack_at[i], 0, (size_t)plan->slack);
+        memset(args[0] + plan->slack_at[i], 0, (size_t)plan->slack);
         plan->kernels[i](args, error);
         if (*error)
             return i;
@@ -206,9 +206,9 @@ class Replay:
                 library.metagraph_place(slots, layout.arena_slots, layout.arena_offsets,
                                         len(layout.offsets), from_buffer(arena))
             for first, last, taken in layout.segments:
-                for shared, shape, dtype, keeper in allocations[len(allocated):taken]:
+                for shared, shape, dtype, keeper, zero_tail in allocations[len(allocated):taken]:
                     try:        # (taken as executor.run takes it: when its first value is computed)
-                        array = take(shape, dtype, slack)
+                        array = take(shape, dtype, slack, zero_tail)
                     except OutOfMemory as error:
                         raise executor.for_node(error, nodes[layout.first_value[len(allocated)]]) from None
                     allocated.append(array)

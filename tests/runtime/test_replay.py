@@ -127,6 +127,41 @@ def test_a_replayed_run_launches_natively_and_allocates_what_its_plan_says(repla
     assert len(launched) == len(entry.steps)
 
 
+def test_the_native_loop_zeroes_the_slack_of_the_arrays_it_takes_uninitialised(replays, rng, monkeypatch):
+    # a replayed run takes small arrays from malloc as they are (np.empty), their slack unzeroed,
+    # and the loop zeroes each value's slack before its kernel: here malloc's memory is all ones
+    real_empty = np.empty
+
+    def dirty(shape, dtype=float, *args, **kwargs):
+        array = real_empty(shape, dtype, *args, **kwargs)
+        array.view(np.uint8)[...] = 0xFF
+        made.append(array.nbytes)
+        return array
+    x = mg.tensor(rng.standard_normal((8, 24)).astype(np.float32))
+    w = mg.tensor(rng.standard_normal((24, 24)).astype(np.float32))
+
+    def run():
+        product = x @ w
+        outputs = [product, product.relu().sum(1)]
+        mg.sync(*outputs)
+        return outputs
+    for _ in range(3):
+        run()
+    made = []
+    monkeypatch.setattr(np, "empty", dirty)
+    outputs = run()
+    monkeypatch.undo()
+    assert len(replays) == 2 and len(made) >= 2
+    slack = executor.SLACK_BYTES
+    for out in outputs:
+        raw = out.numpy().base
+        assert raw.nbytes == out.numpy().nbytes + slack and not raw[-slack:].any()
+    assert any(not zero_tail for layout in replays[-1].layouts.values()
+               for *_, zero_tail in layout.allocations)     # (taken without zeroing)
+    np.testing.assert_allclose(outputs[1].numpy(), np.maximum(x.numpy() @ w.numpy(), 0).sum(1),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_replayed_runs_reuse_their_plans_slot_array_and_clear_its_error_word(replays, rng):
     table = mg.tensor(np.arange(10, dtype=np.float32))
     mg.sync(table)
