@@ -3,20 +3,72 @@
 Two realisations whose graphs have the same structure (every training iteration) get the same
 key, so the schedule built for the first is reused: hashing plus kernel calls.
 """
-from dataclasses import dataclass
+from operator import itemgetter
 
 from metagraph.ops.node import signature as node_signature
 
 
-@dataclass
 class PendingGraph:
-    nodes: list          # inputs first; realised nodes appear as leaves
-    outputs: list        # positions of the requested nodes in `nodes`
-    key: tuple           # equal for structurally equal graphs
-    position: dict       # node id -> position in `nodes`
+    """nodes: inputs first, realised nodes as leaves; outputs: positions of the requested nodes in
+    `nodes`; key: equal for structurally equal graphs; position: node id -> position in `nodes`
+    (made when first asked, if not given: a replayed graph's runs seldom ask)."""
+    __slots__ = ("nodes", "outputs", "key", "_position")
+
+    def __init__(self, nodes, outputs, key, position=None):
+        self.nodes, self.outputs, self.key, self._position = nodes, outputs, key, position
+
+    @property
+    def position(self):
+        if self._position is None:
+            self._position = {node.id: k for k, node in enumerate(self.nodes)}
+        return self._position
 
 
 def pending_graph(outputs):
+    """The PendingGraph of `outputs`: walked (`walked`), or, for the one result of a recorded
+    call's replay whose graph is what the template's first such realisation walked (`replayed`),
+    the nodes of that walk taken from the replay's slots: a realised eager call (`(a @ b).numpy()`)
+    needs no walk and no key built."""
+    if len(outputs) == 1:
+        made = outputs[0].replayed_from
+        if made is not None:
+            graph = replayed(outputs[0], *made)
+            if graph is not None:
+                return graph
+    return walked(outputs)
+
+
+def replayed(root, template, slots):
+    """The PendingGraph of `root`, the result of `template` replayed into `slots` (the other nodes
+    of the replay), when its graph is the one every such replay has: its arguments realised values
+    (leaves), none of the nodes the replay built realised since. The first one is walked, and the
+    order of the walk (a slot per position before the root's, the last) and its key are kept on
+    the template."""
+    arguments = template.arguments
+    for k in range(arguments):
+        node = slots[k]
+        if node.buffer is None or node.op == "const":
+            return None
+    for k in range(arguments + len(template.constants), len(slots)):
+        if slots[k].buffer is not None:
+            return None
+    if template.walk is None:
+        graph = walked([root])
+        slot_of = {id(node): k for k, node in enumerate(slots)}
+        order = [slot_of[id(node)] for node in graph.nodes[:-1]]
+        if len(order) > 1:
+            taken = itemgetter(*order)
+        else:
+            taken = lambda slots: [slots[k] for k in order]    # noqa: E731  (itemgetter of one: no tuple)
+        template.walk = (taken, tuple(graph.outputs), graph.key)
+        return graph
+    taken, outputs, key = template.walk
+    nodes = list(taken(slots))
+    nodes.append(root)
+    return PendingGraph(nodes, list(outputs), key)
+
+
+def walked(outputs):
     """Walk from the outputs down to realised buffers, inputs before the nodes that read them, each
     node's inputs left to right (iteratively: graphs can be deep). Runs at every realisation:
     written for speed (each node is stacked once; no generators or calls in the loop; a key entry

@@ -168,7 +168,7 @@ class Node:
     """One meta-op application in the lazy graph."""
     __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "site", "requires_grad", "leaf",
                  "buffer", "owner", "id", "signature", "released", "composite",
-                 "grad_hooks", "grad_group", "device",
+                 "grad_hooks", "grad_group", "device", "replayed_from",
                  "__weakref__")
 
     def __init__(self, op, inputs, attrs, shape, dtype, requires_grad=None, buffer=None, location=None,
@@ -220,6 +220,7 @@ class Node:
         self.released = False            # a backward pass walked it without retain_graph
         self.grad_hooks = None           # gradient hooks (ops/autograd.py), rarely any
         self.grad_group = None           # a GradGroup this node's gradient waits with
+        self.replayed_from = None        # (Template, its slots) when a recorded call's replay made it
 
     @staticmethod
     def replayed(op, inputs, attrs, shape, dtype, requires_grad, leaf, signature, site, composite):
@@ -237,7 +238,7 @@ class Node:
                     _mixed_devices(composite or op, device, other, node)
                 device = other
         node.device, node.requires_grad, node.leaf = device, requires_grad, leaf
-        node.buffer = node.owner = node.grad_hooks = node.grad_group = None
+        node.buffer = node.owner = node.grad_hooks = node.grad_group = node.replayed_from = None
         node.id, node.signature, node.released = next(_ids), signature, False
         return node
 
@@ -250,8 +251,10 @@ class Node:
         return site
 
     def __getstate__(self):
-        """The state to pickle or copy, its site a (file, line): code objects do not pickle."""
+        """The state to pickle or copy, its site a (file, line): code objects do not pickle (nor
+        does a replay's template, a cache)."""
         self.site = self.location
+        self.replayed_from = None
         return super().__getstate__()
 
     @property
@@ -268,6 +271,7 @@ class Node:
     def set_buffer(self, array):
         """Store the realised value; drop the history unless autograd may still walk it."""
         self.buffer = array
+        self.replayed_from = None
         if self.op == "const":      # stays a constant in later graphs (constants are shared nodes)
             return
         if self.leaf or not self.requires_grad:

@@ -21,6 +21,7 @@ from operator import itemgetter
 from metagraph.amp.autocast import AutocastMode
 from metagraph.dtypes import DType
 from metagraph.ops.node import GradMode, Node, built_as, fresh_id, replay_context, signature
+from metagraph.ops.node_replay import replay_nodes
 from metagraph.ops.stale import Sweep
 
 TEMPLATE_CACHE_SIZE = 8192       # templates at most, the oldest dropped first (a bound, not a policy)
@@ -153,13 +154,21 @@ class Template:
     slots: the call's node arguments first, then the constants it read, then the nodes built
     before it."""
 
-    def __init__(self, steps, constants, result, name):
+    def __init__(self, steps, constants, result, name, arguments):
         self.steps = steps            # made_since's (each node's composite and device unused)
+        self.built = tuple(step[:8] for step in steps)      # what node_replay builds from
         self.constants = constants
         self.result = result          # the composite's result with slot numbers in place of nodes
         self.fill = _filler(result)   # fill(slots): the result of a replay
         self.name = name
         self.used = _SWEEP.generation      # the sweep generation it was last replayed in
+        self.arguments = arguments         # how many node arguments a call has
+        # a result that is one node the call built records the replay that made it (the template
+        # and its slots but itself): what the graph below it is, without a walk (compiler/graph.py).
+        # Not one autograd walks: its slots would keep what the backward pass frees.
+        first = arguments + len(constants)
+        self.single = type(result) is int and result >= first and not steps[result - first][4]
+        self.walk = None              # compiler/graph.py's record of that walk, made once
 
     def replay(self, arguments):
         """The nodes rebuilt from the call's node arguments, a list the slots are appended to. They
@@ -168,10 +177,11 @@ class Template:
         location, composite = replay_context(self.name)
         slots = arguments
         slots += self.constants
-        replayed, add = Node.replayed, slots.append
-        for op, attrs, shape, dtype, requires_grad, leaf, node_signature, inputs, _, _ in self.steps:
-            add(replayed(op, inputs(slots), attrs, shape, dtype, requires_grad, leaf, node_signature,
-                         location, composite))
+        replay_nodes(self.built, slots, location, composite)
+        if self.single:     # (its slots without it: a node holding itself would wait for the GC)
+            result = slots.pop(self.result)
+            result.replayed_from = (self, slots)
+            return result
         return self.fill(slots)
 
 
@@ -179,13 +189,13 @@ def _record(result, arguments, start, name):
     """The Template of a call of composite `name` that began when node ids reached `start`, or
     _CALL."""
     made = made_since(result, arguments, start)
-    return _CALL if made is _CALL else Template(*made, name)
+    return _CALL if made is _CALL else Template(*made, name, len(arguments))
 
 
 def made_since(result, arguments, start):
     """(steps, constants, result with slot numbers in place of nodes) of the nodes reached from
     `result` that were built since node ids reached `start`, in creation order, each step
-    (op, attrs, shape, dtype, requires_grad, leaf, signature, inputs(slots), composite, device); slots are
+    (op, attrs, shape, dtype, requires_grad, leaf, signature, input slots, composite, device); slots are
     the `arguments` (nodes), then the constants read, then the built nodes. _CALL when a node
     reached is none of these (or the result is not nodes in tuples and lists), or holds a value."""
     slot = {id(node): k for k, node in enumerate(arguments)}
@@ -214,21 +224,10 @@ def made_since(result, arguments, start):
     order = sorted(built.values(), key=lambda node: node.id)   # inputs are built before readers
     slot.update((id(node), first + k) for k, node in enumerate(order))
     steps = tuple((node.op, node.attrs, node.shape, node.dtype, node.requires_grad, node.leaf,
-                   signature(node), _inputs(tuple(slot[id(source)] for source in node.inputs)),
+                   signature(node), tuple([slot[id(source)] for source in node.inputs]),
                    node.composite, node.device)
                   for node in order)
     return steps, constants, _numbered(structure, slot)
-
-
-def _inputs(sources):
-    """A function of the slots that gives the inputs at positions `sources`, as a tuple: an
-    itemgetter for two or more (a list comprehension costs 0.1 us more per replayed node)."""
-    if len(sources) > 1:
-        return itemgetter(*sources)
-    if sources:
-        k = sources[0]
-        return lambda slots: (slots[k],)
-    return lambda slots: ()
 
 
 def _slotted(result, stack):

@@ -21,7 +21,8 @@ every time, and so is one whose recording failed.
 """
 from metagraph import dtypes
 from metagraph.amp.autocast import AutocastMode
-from metagraph.ops.node import Node, building_composite, next_id, signature
+from metagraph.ops.node import building_composite, signature
+from metagraph.ops.node_replay import replay_nodes
 from metagraph.ops.recorded import _CALL, made_since
 
 TEMPLATE_CACHE_SIZE = 32         # a template holds a step per gradient node (ResNet-18: 1,100)
@@ -119,20 +120,11 @@ class Walk:
     def replay(self, nodes, location, leaves):
         """The walk's gradients (node id -> gradient node) rebuilt over the graph's `nodes` (from
         structure(); the slots are appended to it), every node recording `location`; `leaves`, a
-        list or None, receives the leaves reached, as the walk's. (Node.replayed inlined, each
-        node's device the one recorded, which follows from the key's: 0.33 us a node, 0.46.)"""
+        list or None, receives the leaves reached, as the walk's. Each node records the device
+        its step recorded, which follows from the key's (node_replay.py)."""
         slots = nodes
         slots += self.constants
-        add, new, ids = slots.append, object.__new__, next_id
-        for op, attrs, shape, dtype, requires_grad, leaf, node_signature, inputs, composite, device \
-                in self.steps:
-            node = new(Node)
-            node.op, node.inputs, node.attrs, node.shape, node.dtype = op, inputs(slots), attrs, shape, dtype
-            node.site, node.composite, node.device = location, composite, device
-            node.requires_grad, node.leaf, node.signature = requires_grad, leaf, node_signature
-            node.buffer = node.owner = node.grad_hooks = node.grad_group = None
-            node.id, node.released = ids(), False
-            add(node)
+        replay_nodes(self.steps, slots, location, None)
         if leaves is not None:
             leaves += [slots[k] for k in self.leaves]
         return {slots[node].id: slots[grad] for node, grad in self.gradients}

@@ -53,8 +53,10 @@ def test_a_replay_builds_the_graph_a_call_builds(requires_grad):
 
 
 def _slots(node, names):
-    """Every slot of a node but its id and site, its inputs by their numbers in `names`."""
-    found = {name: getattr(node, name) for name in Node.__slots__ if name not in ("id", "site", "__weakref__")}
+    """Every slot of a node but its id, its site and the replay that made it, its inputs by their
+    numbers in `names`."""
+    found = {name: getattr(node, name) for name in Node.__slots__
+             if name not in ("id", "site", "replayed_from", "__weakref__")}
     found["inputs"] = tuple(names.setdefault(id(source), len(names)) for source in node.inputs)
     return found
 
@@ -76,6 +78,8 @@ def test_a_replayed_node_has_every_slot_a_built_one_has(requires_grad):
         pairs += 1
         stack.extend(zip(a.inputs, b.inputs))
     assert pairs >= 3
+    # the replay that made it, on a result autograd does not walk
+    assert built.replayed_from is None and (replayed.replayed_from is None) == requires_grad
 
 
 def test_gradients_through_a_replay():
