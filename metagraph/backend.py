@@ -145,7 +145,7 @@ def to_device(node, device):
     moved = copy(node, device)
     if node.buffer is not None:
         moved.set_buffer(_moved(node.buffer, device))
-        PENDING_COPIES.discard(moved)
+        PENDING_COPIES.pop(moved.id, None)
     return moved
 
 
@@ -172,7 +172,7 @@ def _make_copies(nodes):
         source = node.inputs[0]
         realize([source])
         node.set_buffer(_moved(source.buffer, node.device))
-        PENDING_COPIES.discard(node)
+        PENDING_COPIES.pop(node.id, None)
 
 
 def empty_cache():

@@ -38,34 +38,51 @@ def pending_graph(outputs):
     return walked(outputs)
 
 
-def replayed(root, template, slots):
-    """The PendingGraph of `root`, the result of `template` replayed into `slots` (the other nodes
-    of the replay), when its graph is the one every such replay has: its arguments realised values
-    (leaves), none of the nodes the replay built realised since. The first one is walked, and the
-    order of the walk (a slot per position before the root's, the last) and its key are kept on
-    the template."""
+class ReplayWalk:
+    """What the first realisation of a template's replayed result walked, kept on the template: the
+    slot of each position but the root's (the last), the outputs, the key; and what a pipeline
+    learnt of running that graph (`runs`: the pipeline's to fill, pipeline/realize.py)."""
+    __slots__ = ("order", "taken", "outputs", "key", "runs")
+
+    def __init__(self, order, outputs, key):
+        self.order, self.outputs, self.key, self.runs = order, outputs, key, {}
+        if len(order) > 1:
+            self.taken = itemgetter(*order)
+        else:
+            self.taken = lambda slots: [slots[k] for k in order]    # (itemgetter of one: no tuple)
+
+
+def intact(template, slots):
+    """Whether the graph below a replay of `template` into `slots` (its nodes but the result) is the
+    one every such replay has: its arguments realised values (leaves), none of the nodes the replay
+    built realised since."""
     arguments = template.arguments
     for k in range(arguments):
         node = slots[k]
         if node.buffer is None or node.op == "const":
-            return None
+            return False
     for k in range(arguments + len(template.constants), len(slots)):
         if slots[k].buffer is not None:
-            return None
-    if template.walk is None:
+            return False
+    return True
+
+
+def replayed(root, template, slots):
+    """The PendingGraph of `root`, the result of `template` replayed into `slots`, when it is
+    `intact`. The first one is walked, and the walk's order and key are kept on the template (a
+    ReplayWalk)."""
+    if not intact(template, slots):
+        return None
+    walk = template.walk
+    if walk is None:
         graph = walked([root])
         slot_of = {id(node): k for k, node in enumerate(slots)}
-        order = [slot_of[id(node)] for node in graph.nodes[:-1]]
-        if len(order) > 1:
-            taken = itemgetter(*order)
-        else:
-            taken = lambda slots: [slots[k] for k in order]    # noqa: E731  (itemgetter of one: no tuple)
-        template.walk = (taken, tuple(graph.outputs), graph.key)
+        template.walk = ReplayWalk([slot_of[id(node)] for node in graph.nodes[:-1]], tuple(graph.outputs),
+                                   graph.key)
         return graph
-    taken, outputs, key = template.walk
-    nodes = list(taken(slots))
+    nodes = list(walk.taken(slots))
     nodes.append(root)
-    return PendingGraph(nodes, list(outputs), key)
+    return PendingGraph(nodes, list(walk.outputs), walk.key)
 
 
 def walked(outputs):

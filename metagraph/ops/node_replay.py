@@ -18,8 +18,9 @@ try:
 except ImportError:         # (not built: no compiler or no Python headers at install)
     _nodes = None
 
-SLOT_NAMES = ("op", "inputs", "attrs", "shape", "dtype", "site", "composite", "device", "requires_grad", "leaf",
-              "buffer", "owner", "grad_hooks", "grad_group", "id", "signature", "released", "replayed_from")
+SLOT_NAMES = ("op", "inputs", "attrs", "shape", "dtype", "site", "composite", "device", "requires_grad",
+              "leaf", "buffer", "owner", "grad_hooks", "grad_group", "id", "signature", "released",
+              "replayed_from")
 if set(SLOT_NAMES) != set(Node.__slots__) - {"__weakref__"}:
     raise RuntimeError("ops/node_replay.py's SLOT_NAMES must name every slot of Node, in _nodes.c's order")
 if _nodes is not None:

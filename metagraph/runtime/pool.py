@@ -51,7 +51,8 @@ class Pool:
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize + slack
         if nbytes <= ZEROED_MAX:
-            return np.ndarray(shape, dtype, np.zeros(nbytes, np.uint8) if zero_tail else np.empty(nbytes, np.uint8))
+            raw = np.zeros(nbytes, np.uint8) if zero_tail else np.empty(nbytes, np.uint8)
+            return np.ndarray(shape, dtype, raw)
         if nbytes >= POOLED_MIN:
             size = (nbytes, slack)
             with self.lock:

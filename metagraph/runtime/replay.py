@@ -242,6 +242,51 @@ class Replay:
                 buffers[kept] = array
         return buffers
 
+    def plain(self, output):
+        """The Layout a run of this schedule always takes when its runs decide nothing, launch no
+        step from Python, give no input away and keep one array, `output`'s (a graph position),
+        beside the arena: a run then needs no graph (`run_plain`). None for any other schedule."""
+        if self.decides or self.python_steps:
+            return None
+        layout = self.layouts.get(())
+        if layout is None:
+            layout = self.layouts[()] = buffer_plan.Layout(self, ())
+        if layout.moves or [keeper for _, _, _, keeper, _ in layout.allocations] != [output]:
+            return None
+        return layout
+
+    def run_plain(self, layout, nodes, reads):
+        """A run through `layout` (from `plain`) given its realised inputs, nodes[k] for k in `reads`
+        (in the order of layout.read_slots): the output's array, or None when an allocation or a
+        check failed (then nothing is kept, and a run through `run` raises what failed). The output's array is
+        taken before the first kernel rather than its own (one native stretch): the arena is held
+        for the whole run anyway, so the run's peak is the same."""
+        Realisations.count += 1
+        from_buffer, take, slack = self.ffi.from_buffer, executor.POOL.take, executor.SLACK_BYTES
+        slots = layout.slots()
+        for (slot, _), k in zip(layout.read_slots, reads):
+            slots[slot] = from_buffer(nodes[k].buffer)
+        kept = arena = None
+        try:
+            if layout.arena_bytes:
+                arena = take((layout.arena_bytes,), np.uint8)
+                self.library.metagraph_place(slots, layout.arena_slots, layout.arena_offsets,
+                                             len(layout.offsets), from_buffer(arena))
+            for shared, shape, dtype, keeper, zero_tail in layout.allocations:
+                array = take(shape, dtype, slack, zero_tail)
+                address = from_buffer(array)
+                for slot in shared:
+                    slots[slot] = address
+                if keeper is not None:
+                    kept = array
+        except OutOfMemory:
+            return None
+        count = len(self.steps)
+        if self.library.metagraph_replay(0, count, layout.plan, slots) != count:
+            return None                 # (its slots, their error word set, are not used again)
+        layout.spare.append(slots)
+        return kept
+
     def _decide(self, graph, buffers):
         """What this run decides before any kernel runs, as executor.run would as it goes: per
         donating step, the input it writes over (or None; that input's node drops its buffer),

@@ -42,7 +42,8 @@ def test_a_nan_constant_finds_its_graph_again():
 _STEPS = [      # (arity, fn) over (3, 4) float32 nodes
     (2, lambda a, b: m.add(a, b)), (2, lambda a, b: m.maximum(a, b)), (2, lambda a, b: m.sub(b, a)),
     (1, lambda a: m.mul(a, 2.5)), (1, m.exp), (1, m.tanh),
-    (1, lambda a: m.add(rd.sum(a, 1, keepdim=True), a)), (1, lambda a: mv.transpose(mv.transpose(a, 0, 1), 0, 1)),
+    (1, lambda a: m.add(rd.sum(a, 1, keepdim=True), a)),
+    (1, lambda a: mv.transpose(mv.transpose(a, 0, 1), 0, 1)),
 ]
 
 

@@ -38,7 +38,8 @@ def _both(steps, arguments, site, composite):
     return built
 
 
-_OPS = [lambda a, b: m.add(a, b), lambda a, b: m.mul(a, 0.5), lambda a, b: m.exp(b), lambda a, b: m.maximum(b, a)]
+_OPS = [lambda a, b: m.add(a, b), lambda a, b: m.mul(a, 0.5), lambda a, b: m.exp(b),
+        lambda a, b: m.maximum(b, a)]
 
 
 @settings(max_examples=25, deadline=None)

@@ -1,0 +1,112 @@
+"""A recorded call's result realised at once (`(a @ b).numpy()`): once its graph has run plainly, the
+pipeline runs it from what the template's walk keeps (pipeline/realize.py `_replayed`, replay.py
+`run_plain`), and gives what a run through the graph gives, or leaves the run to it."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import metagraph as mg
+import metagraph.nn.functional as F
+from metagraph.runtime import replay
+
+
+@pytest.fixture
+def runs(monkeypatch):
+    """('plain' or 'graph', Replay) per replayed run, in order."""
+    seen = []
+    plain, full = replay.Replay.run_plain, replay.Replay.run
+
+    def run_plain(self, layout, nodes, reads):
+        seen.append("plain")
+        return plain(self, layout, nodes, reads)
+
+    def run(self, graph, explain=None):
+        seen.append("graph")
+        return full(self, graph, explain)
+    monkeypatch.setattr(replay.Replay, "run_plain", run_plain)
+    monkeypatch.setattr(replay.Replay, "run", run)
+    return seen
+
+
+def test_a_realised_matmul_runs_plainly_from_its_fourth_call(runs, rng):
+    a, b = rng.standard_normal((16, 24)).astype(np.float32), rng.standard_normal((24, 8)).astype(np.float32)
+    ma, mb = mg.tensor(a), mg.tensor(b)
+    for _ in range(6):
+        np.testing.assert_allclose((ma @ mb).numpy(), a @ b, rtol=1e-5, atol=1e-5)
+    assert runs == ["graph", "plain", "plain", "plain"]      # (runs 1-2: kernel by kernel, tuning's)
+    ma = mg.tensor(a + 1)                                      # new arguments, the same graph
+    np.testing.assert_allclose((ma @ mb).numpy(), (a + 1) @ b, rtol=1e-5, atol=1e-5)
+    assert runs[-1] == "plain"
+
+
+def test_a_composite_of_several_kernels_with_an_arena_runs_plainly(runs, rng):
+    x = rng.standard_normal((32, 48)).astype(np.float32)
+    w, bias = rng.standard_normal(48).astype(np.float32), rng.standard_normal(48).astype(np.float32)
+    mx, mw, mbias = mg.tensor(x), mg.tensor(w), mg.tensor(bias)
+    mean, var = x.mean(1, keepdims=True), x.var(1, keepdims=True)
+    for _ in range(5):
+        np.testing.assert_allclose(F.layer_norm(mx, (48,), mw, mbias).numpy(),
+                                   (x - mean) / np.sqrt(var + 1e-5) * w + bias, rtol=1e-4, atol=1e-5)
+    assert runs[-1] == "plain"
+
+
+@pytest.mark.parametrize("change", ["check", "debug", "profile", "unrealised argument", "replay off"])
+def test_whatever_a_graph_run_would_look_at_sends_the_call_through_the_graph(runs, rng, monkeypatch, change):
+    a = rng.standard_normal((8, 8)).astype(np.float32)
+    ma = mg.tensor(a)
+    for _ in range(4):
+        (ma @ ma).numpy()
+    assert runs[-1] == "plain"
+    del runs[:]
+    operand = ma
+    if change == "check":
+        monkeypatch.setattr(mg.flags, "CHECK", 1)
+    elif change == "debug":
+        monkeypatch.setattr(mg.flags, "DEBUG", 1)
+    elif change == "unrealised argument":
+        operand = ma * 1.0
+    elif change == "replay off":
+        monkeypatch.setattr(replay, "ENABLED", False)
+    if change == "profile":
+        with mg.profile() as report:
+            got = (operand @ operand).numpy()
+        assert report.launches >= 1
+    else:
+        got = (operand @ operand).numpy()
+    np.testing.assert_allclose(got, a @ a, rtol=1e-5, atol=1e-5)
+    assert "plain" not in runs
+
+
+def test_a_failed_check_in_a_plain_run_raises_through_the_graph(runs):
+    table = mg.tensor(np.arange(10, dtype=np.float32).reshape(5, 2))
+    index = mg.tensor(np.array([1, 2]))
+    for _ in range(4):
+        np.testing.assert_array_equal(F.embedding(index, table).numpy(), [[2, 3], [4, 5]])
+    assert runs[-1] == "plain"
+    bad = mg.tensor(np.array([1, 99]))
+    with pytest.raises(mg.IndexOutOfRange, match="99"):
+        F.embedding(bad, table).numpy()          # the line the error names
+    assert runs[-2:] == ["plain", "graph"]      # the plain run found it; the graph's run names it
+    np.testing.assert_array_equal(F.embedding(index, table).numpy(), [[2, 3], [4, 5]])
+    assert runs[-1] == "plain"
+
+
+_UNARY = [lambda x: x.exp(), lambda x: x.tanh(), lambda x: x * 2.0 + 1.0, lambda x: x.relu(),
+          lambda x: x.softmax(-1), lambda x: x.sum(-1, keepdim=True) - x, lambda x: x.T @ x]
+
+
+@settings(max_examples=20, deadline=None)
+@given(chosen=st.integers(0, len(_UNARY) - 1), rows=st.integers(1, 9), cols=st.integers(1, 9),
+       library=st.sampled_from([0, 1]))
+def test_plain_runs_give_what_graph_runs_give(chosen, rows, cols, library):
+    fn = _UNARY[chosen]
+    x = np.random.default_rng(rows * 10 + cols).standard_normal((rows, cols)).astype(np.float32)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(mg.flags, "LIBRARY", library)
+        mx = mg.tensor(x)
+        want = fn(mx).numpy().copy()
+        for _ in range(4):
+            np.testing.assert_array_equal(fn(mx).numpy(), want)
+        patch.setattr(replay, "ENABLED", False)
+        np.testing.assert_array_equal(fn(mx).numpy(), want)
