@@ -21,7 +21,7 @@ from metagraph import flags
 from metagraph.codegen import library
 from metagraph.codegen.interpreter import NumpyBackend
 from metagraph.compiler import provenance
-from metagraph.compiler.graph import intact, pending_graph
+from metagraph.compiler.graph import pending_graph
 from metagraph.compiler.lower import schedule
 from metagraph.errors import CompileError, MetagraphError, at
 from metagraph.ops.node import user_site
@@ -146,16 +146,18 @@ class Pipeline:
         """`node`'s value when it is the result of a recorded call's replay whose graph this pipeline
         has run plainly before (replay.Replay.plain): its schedule and layout are kept on the
         template's walk, and a run needs no graph walked or key hashed, only the replay's arguments
-        (a realised 64^3 `(a @ b).numpy()`: 9.5 -> 8.1 us). None when anything a run through `realize`
-        would look at is otherwise: flags, a profile, the memory, the graph, tuning's steps."""
+        (a realised 64^3 `(a @ b).numpy()`: 9.5 -> 8.1 us). The schedule computes the template's
+        function of its arguments, so the values of the nodes between (their graph: `intact`) do
+        not matter; an argument without a value sends the run through the graph. None when
+        anything a run through `realize` would look at is otherwise: flags, a profile, the memory,
+        tuning's steps."""
         walk = template.walk
         found = None if walk is None else walk.runs.get((self, flags.LIBRARY))
         if found is None:
             return None
         entry, replaying, layout, reads = found
         if (entry.replay_plan is not replaying or flags.CHECK or flags.DEBUG or not replay.ENABLED
-                or profiler.current() is not None or self.generator.memory_for((node,)) is not executor.HOST
-                or not intact(template, slots)):
+                or profiler.current() is not None or self.generator.memory_for((node,)) is not executor.HOST):
             return None
         value = replaying.run_plain(layout, slots, reads)
         if value is not None:
@@ -166,7 +168,7 @@ class Pipeline:
 
     def _remember_replayed(self, template, graph, entry):
         """Keep on the walk of a replayed result's graph what `_replayed` needs to run it again, when
-        its schedule runs plainly and reads only the replay's arguments (realised while `intact`)."""
+        its schedule runs plainly and reads only the replay's arguments."""
         replaying = entry.replay_plan
         layout = replaying.plain(graph.outputs[0]) if replaying else None
         if layout is None:

@@ -28,7 +28,7 @@ class Layout:
 
     def __init__(self, replay, decision):
         ffi, steps = replay.ffi, replay.steps
-        self._new, self._null = ffi.new, ffi.NULL
+        self._new, self._null, self._cast = ffi.new, ffi.NULL, ffi.cast
         given = decision[:len(replay.donor_steps)]
         dropped = {p for p, gone in zip(replay.dead, decision[len(replay.donor_steps):]) if gone}
         self.donated = {}       # donated input -> the step that writes over it
@@ -79,23 +79,26 @@ class Layout:
         self.plan = ffi.new("metagraph_plan *", {     # (its arrays are this object's and replay's)
             "kernels": replay.kernels, "arg_start": self.arg_start, "arg_slot": self.arg_slot,
             "slack_at": self.slack_at, "count": self.slot_count, "slack": executor.SLACK_BYTES})
+        self.plan_address = int(ffi.cast("uintptr_t", self.plan))
+        self.read_numbers = tuple(slot for slot, _ in self.read_slots)
         self.slot_type, self.slot_length = replay.slot_type, self.slot_count + 1 + replay.max_args
-        self.spare = []         # slot arrays of finished runs, taken again (list.pop is atomic)
+        self.spare = []         # (slot array, its address) of finished runs, taken again (list.pop is atomic)
         self.outer = [(slot, ffi.from_buffer(replay.outer_values[j:j + 1]))     # (run-time extents)
                       for j, slot in enumerate(replay.outer_slots.values())]
 
     def slots(self):
-        """A run's slot array (the slots, the error word, a step's arguments): a finished run's, its
-        error word cleared, or a new one. Every slot a kernel reads is written before it runs."""
+        """(a run's slot array (the slots, the error word, a step's arguments), its address): a
+        finished run's, its error word cleared, or a new one. Every slot a kernel reads is written
+        before it runs."""
         try:
-            slots = self.spare.pop()        # (another thread may have taken the last one)
+            slots, address = self.spare.pop()       # (another thread may have taken the last one)
         except IndexError:
             slots = self._new(self.slot_type, self.slot_length)
-            for slot, address in self.outer:
-                slots[slot] = address
-            return slots
+            for slot, extent in self.outer:
+                slots[slot] = extent
+            return slots, int(self._cast("uintptr_t", slots))
         slots[self.slot_count] = self._null
-        return slots
+        return slots, address
 
     def array(self, position, buffers, arena, allocated):
         """The array of a value in a run: its own, or a view of its place in the arena or of the

@@ -20,6 +20,10 @@ Used by pipeline/realize.py from a schedule's third run (its second is tuning's)
 needs each kernel seen from Python: no profile (which times each kernel), no METAGRAPH_DEBUG or
 METAGRAPH_CHECK, host memory (a device's buffers are not C pointers: runtime/opencl.py). Without a
 C compiler, schedules run through executor.run as before.
+
+A schedule whose runs decide nothing, launch nothing from Python and keep one array (`plain`: an
+eager call such as `(a @ b).numpy()`) also runs without its graph (`run_plain`), from its realised
+inputs' nodes; the C extension `_launch` (_launch.c) then fills the slots and calls the loop.
 """
 import threading
 import warnings
@@ -34,6 +38,11 @@ from metagraph import flags
 from metagraph.errors import CompileError, OutOfMemory
 from metagraph.ops.scalars import Realisations
 from metagraph.runtime import buffer_plan, donation, executor
+
+try:
+    from metagraph.runtime import _launch
+except ImportError:         # (not built: no compiler or no Python headers at install)
+    _launch = None
 
 ENABLED = True          # pipeline/realize.py replays; tests turn it off to compare with executor.run
 LAYOUTS_KEPT = 8        # buffer plans a schedule keeps (one per decision seen; a loop sees one or two)
@@ -140,6 +149,7 @@ class Replay:
         """`plan`: the schedule's donation.Plan; `dead`: executor.dead_after(steps, ...); `reads`:
         executor.external_reads(steps, ...)."""
         self.ffi, self.library = native_loop()
+        self.loop_address = int(self.ffi.cast("uintptr_t", self.library.metagraph_replay))
         self.slot_type = self.ffi.typeof("char *[]")
         nodes = graph.nodes
         self.steps, self.functions, self.plan, self.reads = steps, functions, plan, reads
@@ -195,7 +205,7 @@ class Replay:
             self.layouts[decision] = layout
         ffi, library = self.ffi, self.library
         from_buffer, plan = ffi.from_buffer, layout.plan
-        slots = layout.slots()
+        slots, slots_address = layout.slots()
         arena, allocated, finished = None, [], 0
         try:
             for slot, k in layout.read_slots:
@@ -235,7 +245,7 @@ class Replay:
             if layout.donated:          # what the finished steps computed must not need a donor
                 self._keep_finished(graph, layout, (buffers, arena, allocated), finished)
             raise
-        layout.spare.append(slots)          # (a failed run's slots are not used again)
+        layout.spare.append((slots, slots_address))      # (a failed run's slots are not used again)
         for donor, kept in layout.moves:
             array = buffers.pop(donor)
             if kept is not None:
@@ -258,34 +268,39 @@ class Replay:
     def run_plain(self, layout, nodes, reads):
         """A run through `layout` (from `plain`) given its realised inputs, nodes[k] for k in `reads`
         (in the order of layout.read_slots): the output's array, or None when an allocation or a
-        check failed (then nothing is kept, and a run through `run` raises what failed). The output's array is
-        taken before the first kernel rather than its own (one native stretch): the arena is held
-        for the whole run anyway, so the run's peak is the same."""
+        check failed or an input has no value (then nothing is kept, and a run through `run` does
+        what it does). The output's array is taken before the first kernel rather than its own (one
+        native stretch): the arena is held for the whole run anyway, so the run's peak is the same.
+        The slots are filled and the loop called by the C extension `_launch` where it is built."""
         Realisations.count += 1
-        from_buffer, take, slack = self.ffi.from_buffer, executor.POOL.take, executor.SLACK_BYTES
-        slots = layout.slots()
-        for (slot, _), k in zip(layout.read_slots, reads):
-            slots[slot] = from_buffer(nodes[k].buffer)
-        kept = arena = None
+        take, from_buffer = executor.POOL.take, self.ffi.from_buffer
+        slots, address = layout.slots()
+        (shared, shape, dtype, _, zero_tail), = layout.allocations
         try:
             if layout.arena_bytes:
                 arena = take((layout.arena_bytes,), np.uint8)
                 self.library.metagraph_place(slots, layout.arena_slots, layout.arena_offsets,
                                              len(layout.offsets), from_buffer(arena))
-            for shared, shape, dtype, keeper, zero_tail in layout.allocations:
-                array = take(shape, dtype, slack, zero_tail)
-                address = from_buffer(array)
-                for slot in shared:
-                    slots[slot] = address
-                if keeper is not None:
-                    kept = array
+            array = take(shape, dtype, executor.SLACK_BYTES, zero_tail)
         except OutOfMemory:
             return None
         count = len(self.steps)
-        if self.library.metagraph_replay(0, count, layout.plan, slots) != count:
-            return None                 # (its slots, their error word set, are not used again)
-        layout.spare.append(slots)
-        return kept
+        if _launch is not None:
+            stopped = _launch.run(self.loop_address, layout.plan_address, address, count,
+                                  layout.read_numbers + shared, nodes, reads, (array,) * len(shared))
+        else:
+            buffers = [nodes[k].buffer for k in reads]
+            if any(buffer is None for buffer in buffers):
+                stopped = -1
+            else:
+                for slot, buffer in zip(layout.read_numbers, buffers):
+                    slots[slot] = from_buffer(buffer)
+                for slot in shared:
+                    slots[slot] = from_buffer(array)
+                stopped = self.library.metagraph_replay(0, count, layout.plan, slots)
+        if stopped == count or stopped < 0:     # (a run that stopped at a check set its error word)
+            layout.spare.append((slots, address))
+        return array if stopped == count else None
 
     def _decide(self, graph, buffers):
         """What this run decides before any kernel runs, as executor.run would as it goes: per

@@ -75,7 +75,8 @@ def test_whatever_a_graph_run_would_look_at_sends_the_call_through_the_graph(run
     else:
         got = (operand @ operand).numpy()
     np.testing.assert_allclose(got, a @ a, rtol=1e-5, atol=1e-5)
-    assert "plain" not in runs
+    # (an argument without a value is found by the plain run, which then leaves it to the graph)
+    assert runs.count("plain") == (change == "unrealised argument")
 
 
 def test_a_failed_check_in_a_plain_run_raises_through_the_graph(runs):
@@ -110,3 +111,42 @@ def test_plain_runs_give_what_graph_runs_give(chosen, rows, cols, library):
             np.testing.assert_array_equal(fn(mx).numpy(), want)
         patch.setattr(replay, "ENABLED", False)
         np.testing.assert_array_equal(fn(mx).numpy(), want)
+
+
+def test_the_launch_extension_is_built():
+    # `pip install -e .` builds it (setup.py); without it a plain run fills its slots from Python
+    assert replay._launch is not None
+
+
+_OTHER = mg.tensor(np.linspace(-1, 1, 35, dtype=np.float32).reshape(7, 5))
+_TARGET = mg.tensor(np.linspace(-1, 1, 35, dtype=np.float32).reshape(5, 7))
+_RECORDED = [lambda x: x.softmax(-1), lambda x: x @ _OTHER, lambda x: F.layer_norm(x, (7,)),
+             lambda x: F.mse_loss(x, _TARGET)]
+
+
+@pytest.mark.parametrize("chosen", range(len(_RECORDED)))
+def test_the_python_launch_gives_what_the_extension_gives(runs, chosen, monkeypatch):
+    fn = _RECORDED[chosen]
+    x = np.random.default_rng(chosen).standard_normal((5, 7)).astype(np.float32)
+    mx = mg.tensor(x)
+    want = [fn(mx).numpy().copy() for _ in range(4)]
+    monkeypatch.setattr(replay, "_launch", None)
+    got = [fn(mx).numpy().copy() for _ in range(2)]
+    assert runs[-2:] == ["plain", "plain"]
+    np.testing.assert_array_equal(got[0], want[-1])
+    np.testing.assert_array_equal(got[1], want[-1])
+    operand = mg.tensor(x) * 1.0                  # an argument without a value: left to the graph
+    np.testing.assert_allclose(fn(operand).numpy(), want[-1], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("args, error", [
+    ((1, 1, 1, 1, (0,), [], (), ()), ValueError),                 # a number without an array
+    ((1, 1, 1, 1, (-1,), [], (), (np.zeros(2),)), ValueError),     # a negative slot
+    ((0, 1, 1, 1, (), [], (), ()), ValueError),                   # a null address
+    ((1, 1, 1, 1, (0,), [], (3,), ()), IndexError),                # a read past the nodes
+    ((1, 1, 1, 1, (0,), [], (), ("text",)), TypeError),            # an output that is no buffer
+    ((1, 1, 1, 1, (0,), [], (), (np.zeros((4, 4))[:, 1],)), ValueError),   # not contiguous
+])
+def test_the_launch_extension_refuses_malformed_arguments(args, error):
+    with pytest.raises((error, BufferError)):
+        replay._launch.run(*args)
