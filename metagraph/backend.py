@@ -113,10 +113,13 @@ def realize(nodes):
         updated = [ref() for ref in _deferred.values()]
         _deferred.clear()
         nodes = list(nodes) + [t.node for t in updated if t is not None]
-    pending = [node for node in nodes if node.buffer is None]
-    if len(pending) > 1:
-        pending = list({node.id: node for node in pending}.values())     # each node once
-    elif not pending:
+    if len(nodes) == 1:
+        pending = nodes if nodes[0].buffer is None else ()
+    else:
+        pending = [node for node in nodes if node.buffer is None]
+        if len(pending) > 1:
+            pending = list({node.id: node for node in pending}.values())     # each node once
+    if not pending:
         return
     if _active is None:
         get_backend()

@@ -11,12 +11,19 @@ matmul's 2.7 us of graph building, and a ResNet-18 training step builds some 3,0
 The C extension `_nodes` (built with the package where a compiler and Python's headers are found)
 writes them through the slots' offsets; without it the same nodes are built here.
 """
+import warnings
+
 from metagraph.ops.node import Node, _mixed_devices, next_id
 
 try:
     from metagraph.ops import _nodes
 except ImportError:         # (not built: no compiler or no Python headers at install)
     _nodes = None
+if _nodes is not None and getattr(_nodes, "ABI", None) != 2:
+    warnings.warn("metagraph: ops/_nodes was built from another version of its source; replays build "
+                  "their nodes in Python until `pip install -e .` builds it again", stacklevel=2)
+    _nodes = None
+native = _nodes         # (recorded.py describes a call's arguments with it too)
 
 SLOT_NAMES = ("op", "inputs", "attrs", "shape", "dtype", "site", "composite", "device", "requires_grad",
               "leaf", "buffer", "owner", "grad_hooks", "grad_group", "id", "signature", "released",
@@ -32,7 +39,12 @@ def replay_nodes(steps, slots, site, composite, native=True):
     builds them in Python even where the extension is built (tests compare the two)."""
     if native and _nodes is not None:
         _nodes.replay(steps, slots, site, composite)
-        return
+    else:
+        built_in_python(steps, slots, site, composite)
+
+
+def built_in_python(steps, slots, site, composite):
+    """replay_nodes without the extension."""
     add, replayed, new = slots.append, Node.replayed, object.__new__
     for step in steps:
         op, attrs, shape, dtype, requires_grad, leaf, signature, positions = step[:8]
@@ -47,3 +59,7 @@ def replay_nodes(steps, slots, site, composite, native=True):
         node.buffer = node.owner = node.grad_hooks = node.grad_group = node.replayed_from = None
         node.id, node.released = next_id(), False
         add(node)
+
+
+# what replays call: the extension's function itself where it is built (a call less per replay)
+build = _nodes.replay if _nodes is not None else built_in_python

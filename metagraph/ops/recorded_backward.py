@@ -22,7 +22,7 @@ every time, and so is one whose recording failed.
 from metagraph import dtypes
 from metagraph.amp.autocast import AutocastMode
 from metagraph.ops.node import building_composite, signature
-from metagraph.ops.node_replay import replay_nodes
+from metagraph.ops.node_replay import build
 from metagraph.ops.recorded import _CALL, made_since
 
 TEMPLATE_CACHE_SIZE = 32         # a template holds a step per gradient node (ResNet-18: 1,100)
@@ -124,7 +124,7 @@ class Walk:
         its step recorded, which follows from the key's (node_replay.py)."""
         slots = nodes
         slots += self.constants
-        replay_nodes(self.steps, slots, location, None)
+        build(self.steps, slots, location, None)
         if leaves is not None:
             leaves += [slots[k] for k in self.leaves]
         return {slots[node].id: slots[grad] for node, grad in self.gradients}

@@ -112,5 +112,8 @@ PyMODINIT_FUNC PyInit__launch(void)
     buffer_name = PyUnicode_InternFromString("buffer");
     if (buffer_name == NULL)
         return NULL;
-    return PyModule_Create(&module);
+    PyObject *made = PyModule_Create(&module);      /* ABI: what runtime/replay.py expects */
+    if (made != NULL && PyModule_AddIntConstant(made, "ABI", 1) < 0)
+        Py_CLEAR(made);
+    return made;
 }

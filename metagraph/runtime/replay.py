@@ -43,6 +43,10 @@ try:
     from metagraph.runtime import _launch
 except ImportError:         # (not built: no compiler or no Python headers at install)
     _launch = None
+if _launch is not None and getattr(_launch, "ABI", None) != 1:
+    warnings.warn("metagraph: runtime/_launch was built from another version of its source; plain runs "
+                  "fill their slots in Python until `pip install -e .` builds it again", stacklevel=2)
+    _launch = None
 
 ENABLED = True          # pipeline/realize.py replays; tests turn it off to compare with executor.run
 LAYOUTS_KEPT = 8        # buffer plans a schedule keeps (one per decision seen; a loop sees one or two)

@@ -111,3 +111,26 @@ def test_the_extension_refuses_malformed_steps(steps, error):
 
 def test_slot_names_are_nodes_slots():
     assert set(SLOT_NAMES) == set(Node.__slots__) - {"__weakref__"}
+
+
+def _argument_values():
+    a = mg.tensor(np.ones((2, 3), np.float32)).node
+    b = mg.tensor(np.ones(4, np.float64), requires_grad=True).node
+    return st.lists(st.sampled_from([a, b, 0, 3, -1.5, 0.0, -0.0, True, "mean", None, mg.float16, (a, 2),
+                                     [b, None], {"dim": 1, "x": a}, (1.0, "s")]), max_size=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=_argument_values())
+def test_both_describe_a_calls_arguments_alike(values):
+    from metagraph.ops.recorded import _arguments, _arguments_in_python
+    seen_native, seen_python = [], []
+    assert _arguments(tuple(values), seen_native) == _arguments_in_python(tuple(values), seen_python)
+    assert all(a is b for a, b in zip(seen_native, seen_python)) and len(seen_native) == len(seen_python)
+
+
+def test_an_argument_that_cannot_be_described_raises_the_same_from_both():
+    from metagraph.ops.recorded import _arguments, _arguments_in_python, _Unkeyable
+    for describe in (_arguments, _arguments_in_python):
+        with pytest.raises(_Unkeyable):
+            describe((object(),), [])
