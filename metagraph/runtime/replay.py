@@ -37,7 +37,7 @@ import numpy as np
 from metagraph import flags
 from metagraph.errors import CompileError, OutOfMemory
 from metagraph.ops.scalars import Realisations
-from metagraph.runtime import buffer_plan, donation, executor
+from metagraph.runtime import buffer_plan, donation, executor, pool
 
 try:
     from metagraph.runtime import _launch
@@ -267,6 +267,7 @@ class Replay:
             layout = self.layouts[()] = buffer_plan.Layout(self, ())
         if layout.moves or [keeper for _, _, _, keeper, _ in layout.allocations] != [output]:
             return None
+        layout.reusable = self.values[output][2] + executor.SLACK_BYTES < pool.POOLED_MIN
         return layout
 
     def run_plain(self, layout, nodes, reads):
@@ -275,17 +276,33 @@ class Replay:
         check failed or an input has no value (then nothing is kept, and a run through `run` does
         what it does). The output's array is taken before the first kernel rather than its own (one
         native stretch): the arena is held for the whole run anyway, so the run's peak is the same.
-        The slots are filled and the loop called by the C extension `_launch` where it is built."""
+        The slots are filled and the loop called by the C extension `_launch` where it is built.
+
+        An output array below the pool's size is kept by the layout and taken again by its next run
+        if nothing else refers to it or its memory by then (the value was dropped): an eager call in a
+        loop then allocates nothing (malloc is quick, numpy's wrapping of its bytes is not: 0.4 of
+        a 64^3 matmul's 6.7 us). One still referred to is forgotten."""
         Realisations.count += 1
         take, from_buffer = executor.POOL.take, self.ffi.from_buffer
         slots, address = layout.slots()
         (shared, shape, dtype, _, zero_tail), = layout.allocations
+        array = None
+        if layout.returned:
+            try:
+                array = layout.returned.pop()     # (another thread may have taken it)
+            except IndexError:
+                pass
+            # nothing else may refer to the array (this name and the call's argument do) nor to the
+            # bytes under it (the array does): numpy's views name the owner of the memory as their base
+            if array is not None and (getrefcount(array) > 2 or getrefcount(array.base) > 2):
+                array = None
         try:
             if layout.arena_bytes:
                 arena = take((layout.arena_bytes,), np.uint8)
                 self.library.metagraph_place(slots, layout.arena_slots, layout.arena_offsets,
                                              len(layout.offsets), from_buffer(arena))
-            array = take(shape, dtype, executor.SLACK_BYTES, zero_tail)
+            if array is None:
+                array = take(shape, dtype, executor.SLACK_BYTES, zero_tail)
         except OutOfMemory:
             return None
         count = len(self.steps)
@@ -304,7 +321,11 @@ class Replay:
                 stopped = self.library.metagraph_replay(0, count, layout.plan, slots)
         if stopped == count or stopped < 0:     # (a run that stopped at a check set its error word)
             layout.spare.append((slots, address))
-        return array if stopped == count else None
+        if stopped != count:
+            return None
+        if layout.reusable:
+            layout.returned.append(array)
+        return array
 
     def _decide(self, graph, buffers):
         """What this run decides before any kernel runs, as executor.run would as it goes: per

@@ -150,3 +150,23 @@ def test_the_python_launch_gives_what_the_extension_gives(runs, chosen, monkeypa
 def test_the_launch_extension_refuses_malformed_arguments(args, error):
     with pytest.raises((error, BufferError)):
         replay._launch.run(*args)
+
+
+def test_a_plain_run_takes_its_last_output_again_only_once_nothing_holds_it(runs, rng):
+    a, b = rng.standard_normal((6, 5)).astype(np.float32), rng.standard_normal((5, 4)).astype(np.float32)
+    ma, mb = mg.tensor(a), mg.tensor(b)
+    for _ in range(4):
+        (ma @ mb).numpy()
+    first = (ma @ mb).numpy()
+    address = first.__array_interface__["data"][0]
+    held = [first, (mg.tensor(a * 2) @ mb).numpy(), (mg.tensor(a * 3) @ mb)]
+    held[2].numpy()
+    # values the user holds keep their memory and their values
+    assert len({h.__array_interface__["data"][0] for h in held[:2]} | {address}) == 2
+    np.testing.assert_allclose(held[0], a @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(held[1], 2 * a @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(held[2].numpy(), 3 * a @ b, rtol=1e-5, atol=1e-5)
+    assert runs[-3:] == ["plain"] * 3
+    del held, first
+    again = [(ma @ mb).numpy().__array_interface__["data"][0] for _ in range(3)]
+    assert again[1] == again[2]                 # dropped at once: the same array each time
