@@ -124,16 +124,15 @@ class Pool:
         durable: a loop over batch sizes 1..30 (ResNet-18 inference) held every size's buffers, 90
         -> 310 MiB of RSS."""
         self.generation += 1
-        if not self.once and self.generation % SWEEP_EVERY:     # (most realisations: nothing to do)
-            return
-        with self.lock:
-            for size, last in list(self.once.items()):
-                if last < self.generation - 1:
-                    for raw in self.returned.pop(size, ()):
-                        self._forget(size, raw)
-                    if last < self.generation - KEPT_GENERATIONS:
-                        del self.once[size]         # (too long ago to make it durable)
-        if self.generation % SWEEP_EVERY:
+        if self.once:
+            with self.lock:
+                for size, last in list(self.once.items()):
+                    if last < self.generation - 1:
+                        for raw in self.returned.pop(size, ()):
+                            self._forget(size, raw)
+                        if last < self.generation - KEPT_GENERATIONS:
+                            del self.once[size]         # (too long ago to make it durable)
+        if self.generation % SWEEP_EVERY or not self.taken:     # (most realisations: nothing to do)
             return
         with self.lock:
             stale = [size for size, taken in self.taken.items()
