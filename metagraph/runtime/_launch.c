@@ -27,19 +27,20 @@ static char *address_of(PyObject *array)
     return address;
 }
 
-/* run(loop, plan, slots, last, numbers, nodes, reads, outputs): point slots[numbers[i]] at the
-   buffer of nodes[reads[i]] for each read, then at outputs[j] for the numbers after them, and run
-   the replay loop (its address `loop`) over steps [0, last) of `plan` with the slot array at address
-   `slots`, the GIL released. Returns the step it stopped at (last when every check passed), or -1
-   when an input's node holds no value usable as C memory (nothing ran; the error is cleared: the
-   run through the graph reports it). */
+/* run(loop, plan, slots, length, last, numbers, nodes, reads, outputs): point slots[numbers[i]]
+   at the buffer of nodes[reads[i]] for each read, then at outputs[j] for the numbers after them,
+   and run the replay loop (its address `loop`) over steps [0, last) of `plan` with the slot array
+   at address `slots` (`length` slots long), the GIL released. Returns the step it stopped at (last
+   when every check passed), or -1 when an input's node holds no value usable as C memory (nothing
+   ran; the error is cleared: the run through the graph reports it). */
 static PyObject *run(PyObject *module, PyObject *args)
 {
     unsigned long long loop_address, plan_address, slots_address;
+    Py_ssize_t length;
     long long last;
     PyObject *numbers, *nodes, *reads, *outputs;
-    if (!PyArg_ParseTuple(args, "KKKLO!O!O!O!", &loop_address, &plan_address, &slots_address, &last,
-                          &PyTuple_Type, &numbers, &PyList_Type, &nodes, &PyTuple_Type, &reads,
+    if (!PyArg_ParseTuple(args, "KKKnLO!O!O!O!", &loop_address, &plan_address, &slots_address, &length,
+                          &last, &PyTuple_Type, &numbers, &PyList_Type, &nodes, &PyTuple_Type, &reads,
                           &PyTuple_Type, &outputs))
         return NULL;
     Py_ssize_t count = PyTuple_GET_SIZE(reads);
@@ -59,9 +60,9 @@ static PyObject *run(PyObject *module, PyObject *args)
     PyObject *result = NULL;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(numbers); i++) {
         Py_ssize_t number = PyLong_AsSsize_t(PyTuple_GET_ITEM(numbers, i));
-        if (number < 0) {
+        if (number < 0 || number >= length) {
             if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "run: a negative slot number");
+                PyErr_Format(PyExc_ValueError, "run: slot %zd of %zd", number, length);
             goto done;
         }
         char *address;
@@ -101,7 +102,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"run", run, METH_VARARGS,
-     "run(loop, plan, slots, last, numbers, nodes, reads, outputs): fill the slots, run the replay loop."},
+     "run(loop, plan, slots, length, last, numbers, nodes, reads, outputs): fill the slots, run the loop."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -113,7 +114,7 @@ PyMODINIT_FUNC PyInit__launch(void)
     if (buffer_name == NULL)
         return NULL;
     PyObject *made = PyModule_Create(&module);      /* ABI: what runtime/replay.py expects */
-    if (made != NULL && PyModule_AddIntConstant(made, "ABI", 1) < 0)
+    if (made != NULL && PyModule_AddIntConstant(made, "ABI", 2) < 0)
         Py_CLEAR(made);
     return made;
 }

@@ -82,9 +82,9 @@ class Layout:
         self.plan_address = int(ffi.cast("uintptr_t", self.plan))
         self.read_numbers = tuple(slot for slot, _ in self.read_slots)
         self.slot_type, self.slot_length = replay.slot_type, self.slot_count + 1 + replay.max_args
-        self.spare = []         # (slot array, its address) of finished runs, taken again (list.pop is atomic)
+        self.spare = []         # (slot array, its address) of finished runs, taken again (pop is atomic)
         self.returned = []      # the last plain run's output array, when `reusable` (Replay.run_plain)
-        self.reusable = False
+        self.reusable = False   # (set by Replay.plain: an output below the pool's size)
         self.outer = [(slot, ffi.from_buffer(replay.outer_values[j:j + 1]))     # (run-time extents)
                       for j, slot in enumerate(replay.outer_slots.values())]
 

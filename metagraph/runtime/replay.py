@@ -43,7 +43,7 @@ try:
     from metagraph.runtime import _launch
 except ImportError:         # (not built: no compiler or no Python headers at install)
     _launch = None
-if _launch is not None and getattr(_launch, "ABI", None) != 1:
+if _launch is not None and getattr(_launch, "ABI", None) != 2:
     warnings.warn("metagraph: runtime/_launch was built from another version of its source; plain runs "
                   "fill their slots in Python until `pip install -e .` builds it again", stacklevel=2)
     _launch = None
@@ -279,9 +279,9 @@ class Replay:
         The slots are filled and the loop called by the C extension `_launch` where it is built.
 
         An output array below the pool's size is kept by the layout and taken again by its next run
-        if nothing else refers to it or its memory by then (the value was dropped): an eager call in a
-        loop then allocates nothing (malloc is quick, numpy's wrapping of its bytes is not: 0.4 of
-        a 64^3 matmul's 6.7 us). One still referred to is forgotten."""
+        if nothing else refers to it or its memory by then (the value was dropped): an eager call
+        in a loop then allocates nothing (malloc is quick, numpy's wrapping of its bytes is not:
+        0.4 of a 64^3 matmul's 6.7 us, and the memory is warm). One still referred to is forgotten."""
         Realisations.count += 1
         take, from_buffer = executor.POOL.take, self.ffi.from_buffer
         slots, address = layout.slots()
@@ -307,7 +307,7 @@ class Replay:
             return None
         count = len(self.steps)
         if _launch is not None:
-            stopped = _launch.run(self.loop_address, layout.plan_address, address, count,
+            stopped = _launch.run(self.loop_address, layout.plan_address, address, layout.slot_length, count,
                                   layout.read_numbers + shared, nodes, reads, (array,) * len(shared))
         else:
             buffers = [nodes[k].buffer for k in reads]

@@ -140,12 +140,13 @@ def test_the_python_launch_gives_what_the_extension_gives(runs, chosen, monkeypa
 
 
 @pytest.mark.parametrize("args, error", [
-    ((1, 1, 1, 1, (0,), [], (), ()), ValueError),                 # a number without an array
-    ((1, 1, 1, 1, (-1,), [], (), (np.zeros(2),)), ValueError),     # a negative slot
-    ((0, 1, 1, 1, (), [], (), ()), ValueError),                   # a null address
-    ((1, 1, 1, 1, (0,), [], (3,), ()), IndexError),                # a read past the nodes
-    ((1, 1, 1, 1, (0,), [], (), ("text",)), TypeError),            # an output that is no buffer
-    ((1, 1, 1, 1, (0,), [], (), (np.zeros((4, 4))[:, 1],)), ValueError),   # not contiguous
+    ((1, 1, 1, 4, 1, (0,), [], (), ()), ValueError),                 # a number without an array
+    ((1, 1, 1, 4, 1, (-1,), [], (), (np.zeros(2),)), ValueError),     # a negative slot
+    ((1, 1, 1, 4, 1, (4,), [], (), (np.zeros(2),)), ValueError),      # a slot past the array
+    ((0, 1, 1, 4, 1, (), [], (), ()), ValueError),                   # a null address
+    ((1, 1, 1, 4, 1, (0,), [], (3,), ()), IndexError),                # a read past the nodes
+    ((1, 1, 1, 4, 1, (0,), [], (), ("text",)), TypeError),            # an output that is no buffer
+    ((1, 1, 1, 4, 1, (0,), [], (), (np.zeros((4, 4))[:, 1],)), ValueError),   # not contiguous
 ])
 def test_the_launch_extension_refuses_malformed_arguments(args, error):
     with pytest.raises((error, BufferError)):
