@@ -11,18 +11,10 @@ matmul's 2.7 us of graph building, and a ResNet-18 training step builds some 3,0
 The C extension `_nodes` (built with the package where a compiler and Python's headers are found)
 writes them through the slots' offsets; without it the same nodes are built here.
 """
-import warnings
-
+from metagraph.extensions import load
 from metagraph.ops.node import Node, _mixed_devices, next_id
 
-try:
-    from metagraph.ops import _nodes
-except ImportError:         # (not built: no compiler or no Python headers at install)
-    _nodes = None
-if _nodes is not None and getattr(_nodes, "ABI", None) != 2:
-    warnings.warn("metagraph: ops/_nodes was built from another version of its source; replays build "
-                  "their nodes in Python until `pip install -e .` builds it again", stacklevel=2)
-    _nodes = None
+_nodes = load("metagraph.ops._nodes", 2, "replays build their nodes in Python")
 native = _nodes         # (recorded.py describes a call's arguments with it too)
 
 SLOT_NAMES = ("op", "inputs", "attrs", "shape", "dtype", "site", "composite", "device", "requires_grad",

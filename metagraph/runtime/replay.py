@@ -36,17 +36,11 @@ import numpy as np
 
 from metagraph import flags
 from metagraph.errors import CompileError, OutOfMemory
+from metagraph.extensions import load
 from metagraph.ops.scalars import Realisations
 from metagraph.runtime import buffer_plan, donation, executor, pool
 
-try:
-    from metagraph.runtime import _launch
-except ImportError:         # (not built: no compiler or no Python headers at install)
-    _launch = None
-if _launch is not None and getattr(_launch, "ABI", None) != 2:
-    warnings.warn("metagraph: runtime/_launch was built from another version of its source; plain runs "
-                  "fill their slots in Python until `pip install -e .` builds it again", stacklevel=2)
-    _launch = None
+_launch = load("metagraph.runtime._launch", 2, "plain runs fill their slots in Python")
 
 ENABLED = True          # pipeline/realize.py replays; tests turn it off to compare with executor.run
 LAYOUTS_KEPT = 8        # buffer plans a schedule keeps (one per decision seen; a loop sees one or two)
