@@ -14,23 +14,23 @@ writes them through the slots' offsets; without it the same nodes are built here
 from metagraph.extensions import load
 from metagraph.ops.node import Node, _mixed_devices, next_id
 
-_nodes = load("metagraph.ops._nodes", 2, "replays build their nodes in Python")
-native = _nodes         # (recorded.py describes a call's arguments with it too)
+# the extension, or None (recorded.py describes a call's arguments with it too)
+native = load("metagraph.ops._nodes", 2, "replays build their nodes in Python")
 
 SLOT_NAMES = ("op", "inputs", "attrs", "shape", "dtype", "site", "composite", "device", "requires_grad",
               "leaf", "buffer", "owner", "grad_hooks", "grad_group", "id", "signature", "released",
               "replayed_from")
 if set(SLOT_NAMES) != set(Node.__slots__) - {"__weakref__"}:
     raise RuntimeError("ops/node_replay.py's SLOT_NAMES must name every slot of Node, in _nodes.c's order")
-if _nodes is not None:
-    _nodes.configure(Node, SLOT_NAMES, next_id, _mixed_devices)
+if native is not None:
+    native.configure(Node, SLOT_NAMES, next_id, _mixed_devices)
 
 
-def replay_nodes(steps, slots, site, composite, native=True):
-    """Append a new node per step to the list `slots` (see the module's docstring); `native` False
+def replay_nodes(steps, slots, site, composite, in_c=True):
+    """Append a new node per step to the list `slots` (see the module's docstring); `in_c` False
     builds them in Python even where the extension is built (tests compare the two)."""
-    if native and _nodes is not None:
-        _nodes.replay(steps, slots, site, composite)
+    if in_c and native is not None:
+        native.replay(steps, slots, site, composite)
     else:
         built_in_python(steps, slots, site, composite)
 
@@ -54,4 +54,4 @@ def built_in_python(steps, slots, site, composite):
 
 
 # what replays call: the extension's function itself where it is built (a call less per replay)
-build = _nodes.replay if _nodes is not None else built_in_python
+build = native.replay if native is not None else built_in_python

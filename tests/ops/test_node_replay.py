@@ -16,7 +16,7 @@ from metagraph.ops.recorded import recorded
 
 def test_the_extension_is_built():
     # `pip install -e .` builds it (setup.py); without it every replay builds its nodes in Python
-    assert node_replay._nodes is not None
+    assert node_replay.native is not None
 
 
 def _slots(node, number):
@@ -31,7 +31,7 @@ def _both(steps, arguments, site, composite):
     built = []
     for native in (True, False):
         slots = list(arguments)
-        replay_nodes(steps, slots, site, composite, native=native)
+        replay_nodes(steps, slots, site, composite, in_c=native)
         number = {id(node): k for k, node in enumerate(slots)}
         built.append(([_slots(node, number) for node in slots[len(arguments):]],
                       [node.id for node in slots[len(arguments):]]))
@@ -89,7 +89,7 @@ def test_inputs_on_two_devices_raise_the_same_error_from_both():
     for native in (True, False):
         slots = [a, b]
         with pytest.raises(DeviceError) as raised:
-            replay_nodes((step,), slots, ("user.py", 3), "f", native=native)
+            replay_nodes((step,), slots, ("user.py", 3), "f", in_c=native)
         messages.append(str(raised.value))
         assert len(slots) == 2                   # nothing appended
     assert messages[0] == messages[1] and "cpu" in messages[0] and "opencl" in messages[0]
