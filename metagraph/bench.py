@@ -24,11 +24,10 @@ Workloads:
               1..200 (S5f: against a process that ran size 200 alone); each framework in a
               process of its own (bench_startup.py)
 
-Each figure is the median of at least --repeat timed samples after two warm-up calls, every call
-forced to complete (read back to numpy); short workloads are sampled again until a second has
-passed (at most 200 samples), so that their medians rest on more than a few samples, and a
-sample of a call under 5 ms is a run of calls 5 ms long. metagraph and PyTorch samples alternate,
-so that noise from the shared machine falls on both. Each workload's
+Each figure is the median of at least --repeat timed calls after two warm-up calls, every call
+forced to complete (read back to numpy); short workloads are called again until a second has
+passed (at most 200 calls), so that their medians rest on more than a few samples. metagraph and
+PyTorch calls alternate, so that noise from the shared machine falls on both. Each workload's
 warm-up calls tune its kernels as in a process of its own (METAGRAPH_TUNE seconds; the choices
 are remembered on disk, so a later run times nothing). Ratios are torch time / metagraph time:
 above 1, metagraph is faster. PyTorch runs on as many threads as metagraph:
@@ -53,33 +52,23 @@ from metagraph.bench_zoo import WORKLOADS as zoo_workloads, geometric_mean, infe
 
 MIN_SECONDS = 1.0        # time each workload for at least this long (wall clock) ...
 MAX_ROUNDS = 200         # ... in at most this many rounds
-SAMPLE_SECONDS = 5e-3    # a sample of a call shorter than this is a run of calls this long
 
 
 def median_seconds(fns, repeat, warmup=2):
-    """The median time of a call of each of `fns`, timed in alternation (one sample of each per
-    round), so that a noisy neighbour slows both sides of a comparison alike, not whichever ran
-    then. At least `repeat` rounds, more while under MIN_SECONDS. A sample of a call shorter than
-    SAMPLE_SECONDS times a run of calls that long (a call after the warm-up says how many): a single
-    call of a few microseconds started while the other framework's OpenMP threads still spun after
-    its own call (a 64^3 matmul: PyTorch's 5.7 us measured as 10, ours 6.2 as 7.4; in 1 ms runs
-    ours measured 6.6-6.9, in 5 ms runs 6.3)."""
-    runs = []
+    """The median time of each of `fns`, timed in alternation (one call of each per round), so
+    that a noisy neighbour slows both sides of a comparison alike, not whichever ran then. At least
+    `repeat` rounds, more while under MIN_SECONDS."""
     for fn in fns:
         for _ in range(warmup):
             fn()
-        start = time.perf_counter()
-        fn()
-        runs.append(max(1, min(1000, int(SAMPLE_SECONDS / max(time.perf_counter() - start, 1e-9)))))
     times = [[] for _ in fns]
     began = time.perf_counter()
     rounds = 0
     while rounds < repeat or (time.perf_counter() - began < MIN_SECONDS and rounds < MAX_ROUNDS):
-        for fn, calls, seconds in zip(fns, runs, times):
+        for fn, seconds in zip(fns, times):
             start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            seconds.append((time.perf_counter() - start) / calls)
+            fn()
+            seconds.append(time.perf_counter() - start)
         rounds += 1
     return [statistics.median(seconds) for seconds in times]
 
