@@ -3,8 +3,8 @@ pass's (ops/recorded_backward.py), from steps made once per signature.
 
 A step is (op, attrs, shape, dtype, requires_grad, leaf, signature, input positions), each node
 reading earlier slots and recording the replay's site and composite, its device its inputs'; a
-backward pass's steps also carry the composite and device each node records. `replay_nodes`
-appends one new node per step to the slots.
+backward pass's steps also carry the composite and device each node records. `build(steps, slots,
+site, composite)` appends one new node per step to the slots.
 
 Setting a node's eighteen slots from Python costs about 0.35 us per node: 1.4 us of a 64^3
 matmul's 2.7 us of graph building, and a ResNet-18 training step builds some 3,000 nodes by replay.
@@ -26,17 +26,8 @@ if native is not None:
     native.configure(Node, SLOT_NAMES, next_id, _mixed_devices)
 
 
-def replay_nodes(steps, slots, site, composite, in_c=True):
-    """Append a new node per step to the list `slots` (see the module's docstring); `in_c` False
-    builds them in Python even where the extension is built (tests compare the two)."""
-    if in_c and native is not None:
-        native.replay(steps, slots, site, composite)
-    else:
-        built_in_python(steps, slots, site, composite)
-
-
 def built_in_python(steps, slots, site, composite):
-    """replay_nodes without the extension."""
+    """`build` without the extension (tests compare the two where it is built)."""
     add, replayed, new = slots.append, Node.replayed, object.__new__
     for step in steps:
         op, attrs, shape, dtype, requires_grad, leaf, signature, positions = step[:8]

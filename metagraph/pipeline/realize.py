@@ -144,7 +144,7 @@ class Pipeline:
 
     def _replayed(self, node, template, slots):
         """`node`'s value when it is the result of a recorded call's replay whose graph this pipeline
-        has run plainly before (replay.Replay.plain): its schedule and layout are kept on the
+        can run without it (replay.Replay.plain): its schedule and layout are kept on the
         template's walk, and a run needs no graph walked or key hashed, only the replay's arguments
         (a realised 64^3 `(a @ b).numpy()`, its graph walked: 9.5 us; from the walk: 8.1; with the
         extension's launch and the output taken again: 6.2). The schedule computes the template's
@@ -157,8 +157,8 @@ class Pipeline:
         if found is None:
             return None
         entry, replaying, layout, reads = found
-        if (entry.replay_plan is not replaying or flags.CHECK or flags.DEBUG or not replay.ENABLED
-                or profiler.current() is not None or self.generator.memory_for((node,)) is not executor.HOST):
+        if (layout is None or entry.replay_plan is not replaying
+                or not self._replayable(self.generator.memory_for((node,)))):
             return None
         value = replaying.run_plain(layout, slots, reads)
         if value is not None:
@@ -169,15 +169,18 @@ class Pipeline:
 
     def _remember_replayed(self, template, graph, entry):
         """Keep on the walk of a replayed result's graph what `_replayed` needs to run it again, when
-        its schedule runs plainly and reads only the replay's arguments."""
-        replaying = entry.replay_plan
-        layout = replaying.plain(graph.outputs[0]) if replaying else None
-        if layout is None:
+        its schedule runs plainly and reads only the replay's arguments; (entry, its replay, None,
+        None) when it does not, so that each replay plan is looked at once."""
+        replaying, runs, key = entry.replay_plan, template.walk.runs, (self, flags.LIBRARY)
+        known = runs.get(key)
+        if not replaying or (known is not None and known[1] is replaying):
             return
+        layout = replaying.plain(graph)
         order = template.walk.order        # (the root, the last position, is never read)
-        reads = tuple(order[k] for _, k in layout.read_slots)
-        if all(k < template.arguments for k in reads):
-            template.walk.runs[(self, flags.LIBRARY)] = (entry, replaying, layout, reads)
+        reads = None if layout is None else tuple(order[k] for _, k in layout.read_slots)
+        if reads is None or any(k >= template.arguments for k in reads):
+            layout = reads = None
+        runs[key] = (entry, replaying, layout, reads)
 
     def _sweep(self):
         """Drop the schedules not run again since the last sweep, and the kernels and sources only
@@ -192,6 +195,14 @@ class Pipeline:
         for key in [key for key, text in list(self.texts.items()) if id(text) not in sources]:
             self.texts.pop(key, None)
 
+    @staticmethod
+    def _replayable(memory):
+        """Whether a run whose values live in `memory` may be replayed (runtime/replay.py) rather
+        than launched kernel by kernel: host memory, and nothing that wants each kernel seen from
+        Python (a profile times each one; METAGRAPH_CHECK and METAGRAPH_DEBUG look at each)."""
+        return (memory is executor.HOST and not flags.CHECK and not flags.DEBUG and replay.ENABLED
+                and profiler.current() is None)
+
     def _run(self, graph, entry, outputs):
         """Launch the schedule's kernels; on the run tuning wants, each slow kernel's variants are
         timed just after it ran, while its inputs are live (so the run holds nothing longer). From
@@ -199,8 +210,7 @@ class Pipeline:
         each kernel seen from Python (a profile times each one) and its values live in host memory
         (a device's buffers are not C pointers)."""
         memory = self.generator.memory_for(outputs)
-        if (entry.runs >= REPLAY_FROM and memory is executor.HOST and not flags.CHECK and not flags.DEBUG
-                and replay.ENABLED and profiler.current() is None):
+        if entry.runs >= REPLAY_FROM and self._replayable(memory):
             replaying = entry.replay_plan
             if replaying is None:
                 replaying = entry.replayer(graph)

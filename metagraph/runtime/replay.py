@@ -209,10 +209,7 @@ class Replay:
             for slot, k in layout.read_slots:
                 slots[slot] = from_buffer(buffers[k])
             take, slack, allocations = executor.POOL.take, executor.SLACK_BYTES, layout.allocations
-            if layout.arena_bytes:
-                arena = take((layout.arena_bytes,), np.uint8)
-                library.metagraph_place(slots, layout.arena_slots, layout.arena_offsets,
-                                        len(layout.offsets), from_buffer(arena))
+            arena = self._arena(layout, slots)
             for first, last, taken in layout.segments:
                 for shared, shape, dtype, keeper, zero_tail in allocations[len(allocated):taken]:
                     try:        # (taken as executor.run takes it: when its first value is computed)
@@ -250,15 +247,31 @@ class Replay:
                 buffers[kept] = array
         return buffers
 
-    def plain(self, output):
-        """The Layout a run of this schedule always takes when its runs decide nothing, launch no
-        step from Python, give no input away and keep one array, `output`'s (a graph position),
-        beside the arena: a run then needs no graph (`run_plain`). None for any other schedule."""
-        if self.decides or self.python_steps:
+    def _arena(self, layout, slots):
+        """A run's arena, taken from the pool, with the slots of the values placed in it pointed at
+        their places; None for a layout without one."""
+        if not layout.arena_bytes:
             return None
-        layout = self.layouts.get(())
+        arena = executor.POOL.take((layout.arena_bytes,), np.uint8)
+        self.library.metagraph_place(slots, layout.arena_slots, layout.arena_offsets, len(layout.offsets),
+                                     self.ffi.from_buffer(arena))
+        return arena
+
+    def plain(self, graph):
+        """The Layout of a run of this schedule that needs no graph (`run_plain`): one that gives no
+        input away and drops every value that dies, when no step is launched from Python, no value
+        that dies is one autograd would keep (so nothing else is decided: `_decide`) and the run
+        keeps one array beside the arena, its output's. Giving no input away is always right; a
+        run through `run` may give one away where nothing else refers to it (an eager call's
+        arguments are most often the user's). None for any other schedule."""
+        nodes = graph.nodes
+        if self.python_steps or any(nodes[p].requires_grad for p in self.dead):
+            return None
+        decision = (None,) * len(self.donor_steps) + self.all_dropped
+        layout = self.layouts.get(decision)
         if layout is None:
-            layout = self.layouts[()] = buffer_plan.Layout(self, ())
+            layout = self.layouts[decision] = buffer_plan.Layout(self, decision)
+        (output,) = graph.outputs
         if layout.moves or [keeper for _, _, _, keeper, _ in layout.allocations] != [output]:
             return None
         layout.reusable = self.values[output][2] + executor.SLACK_BYTES < pool.POOLED_MIN
@@ -291,10 +304,7 @@ class Replay:
             if array is not None and (getrefcount(array) > 2 or getrefcount(array.base) > 2):
                 array = None
         try:
-            if layout.arena_bytes:
-                arena = take((layout.arena_bytes,), np.uint8)
-                self.library.metagraph_place(slots, layout.arena_slots, layout.arena_offsets,
-                                             len(layout.offsets), from_buffer(arena))
+            arena = self._arena(layout, slots)
             if array is None:
                 array = take(shape, dtype, executor.SLACK_BYTES, zero_tail)
         except OutOfMemory:
@@ -313,6 +323,7 @@ class Replay:
                 for slot in shared:
                     slots[slot] = from_buffer(array)
                 stopped = self.library.metagraph_replay(0, count, layout.plan, slots)
+        del arena           # (held until the loop has run)
         if stopped == count or stopped < 0:     # (a run that stopped at a check set its error word)
             layout.spare.append((slots, address))
         if stopped != count:

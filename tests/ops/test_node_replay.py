@@ -10,7 +10,7 @@ from metagraph.errors import DeviceError
 from metagraph.ops import math as m
 from metagraph.ops import node_replay
 from metagraph.ops.node import Node
-from metagraph.ops.node_replay import SLOT_NAMES, replay_nodes
+from metagraph.ops.node_replay import SLOT_NAMES, build, built_in_python
 from metagraph.ops.recorded import recorded
 
 
@@ -31,7 +31,7 @@ def _both(steps, arguments, site, composite):
     built = []
     for native in (True, False):
         slots = list(arguments)
-        replay_nodes(steps, slots, site, composite, in_c=native)
+        (build if native else built_in_python)(steps, slots, site, composite)
         number = {id(node): k for k, node in enumerate(slots)}
         built.append(([_slots(node, number) for node in slots[len(arguments):]],
                       [node.id for node in slots[len(arguments):]]))
@@ -89,7 +89,7 @@ def test_inputs_on_two_devices_raise_the_same_error_from_both():
     for native in (True, False):
         slots = [a, b]
         with pytest.raises(DeviceError) as raised:
-            replay_nodes((step,), slots, ("user.py", 3), "f", in_c=native)
+            (build if native else built_in_python)((step,), slots, ("user.py", 3), "f")
         messages.append(str(raised.value))
         assert len(slots) == 2                   # nothing appended
     assert messages[0] == messages[1] and "cpu" in messages[0] and "opencl" in messages[0]
@@ -106,7 +106,7 @@ def test_inputs_on_two_devices_raise_the_same_error_from_both():
 def test_the_extension_refuses_malformed_steps(steps, error):
     a = mg.tensor(np.ones(2, np.float32)).node
     with pytest.raises(error):
-        replay_nodes(steps, [a, a, "not a node"], ("user.py", 3), None)
+        build(steps, [a, a, "not a node"], ("user.py", 3), None)
 
 
 def test_slot_names_are_nodes_slots():

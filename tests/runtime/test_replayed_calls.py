@@ -171,3 +171,55 @@ def test_a_plain_run_takes_its_last_output_again_only_once_nothing_holds_it(runs
     del held, first
     again = [(ma @ mb).numpy().__array_interface__["data"][0] for _ in range(3)]
     assert again[1] == again[2]                 # dropped at once: the same array each time
+
+
+_STEPS = [      # (arity, fn) over (n, n) float32 tensors
+    (2, lambda a, b: a + b), (2, lambda a, b: mg.maximum(a, b)), (2, lambda a, b: a @ b),
+    (1, lambda a: (a * 0.5).exp()), (1, lambda a: a.softmax(-1)), (1, lambda a: a - a.sum(-1, keepdim=True)),
+    (1, lambda a: a.tanh()),
+]
+
+
+@settings(max_examples=30, deadline=None)
+@given(program=st.lists(st.tuples(st.integers(0, len(_STEPS) - 1), st.integers(0, 9), st.integers(0, 9)),
+                        min_size=1, max_size=5),
+       arity=st.integers(1, 3), n=st.integers(1, 12))
+def test_random_recorded_composites_give_the_graphs_values_and_run_plainly_once_remembered(program, arity, n):
+    from metagraph.ops.recorded import recorded
+    from metagraph.tensor import Tensor
+
+    def composite(*nodes):
+        values = [Tensor(node) for node in nodes]
+        for number, first, second in program:
+            count, fn = _STEPS[number]
+            values.append(fn(*[values[first % len(values)], values[second % len(values)]][:count]))
+        return values[-1].node
+    traced = recorded(composite)
+    rng = np.random.default_rng(n * 10 + arity)
+    args = [mg.tensor(rng.standard_normal((n, n)).astype(np.float32)).node for _ in range(arity)]
+    seen = []
+    plain = replay.Replay.run_plain
+
+    def counted(self, layout, nodes, reads):
+        seen.append(layout)
+        return plain(self, layout, nodes, reads)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(replay.Replay, "run_plain", counted)
+        got, ran_plainly = [], []
+        for _ in range(5):
+            before = len(seen)
+            got.append(Tensor(traced(*args)).numpy().copy())
+            ran_plainly.append(len(seen) > before)
+        result = traced(*args)
+        patch.setattr(replay, "ENABLED", False)
+        want = Tensor(traced(*args)).numpy()         # launched kernel by kernel
+    for value in got:
+        np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-5)
+    if result.replayed_from is None:
+        return                                       # (the composite returned an argument)
+    walk = result.replayed_from[0].walk
+    remembered = [layout for (_, _, layout, _) in walk.runs.values() if layout is not None]
+    # remembered by the third call at the latest (another example's graph may have run the schedule
+    # before; the first call, recording, may return an inner recorded call's result), the calls
+    # after it run plainly
+    assert ran_plainly[3:] == ([True, True] if remembered else [False, False])
